@@ -1,0 +1,161 @@
+"""What a run started, written down as it starts it, so anything can be torn down later.
+
+Each orchestrator process owns `/run/schedlab/<pid>/` and records there every Mininet
+host shell, role process and root-namespace interface it creates. A process is identified
+by (pid, start time), so a recycled pid is never killed. `clean()` removes the state of
+orchestrators that are gone (or, with `force`, of all of them): it kills recorded process
+groups and deletes recorded interfaces. Nothing is ever found by matching names.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_ROOT = Path(os.environ.get("SCHEDLAB_STATE_DIR", "/run/schedlab"))
+
+
+def start_time(pid: int) -> int | None:
+    """Kernel start time of `pid` in clock ticks (field 22 of /proc/pid/stat), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces; fields after the last ')' are safe.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def alive(pid: int, started: int | None) -> bool:
+    st = start_time(pid)
+    return st is not None and (started is None or st == started)
+
+
+@dataclass
+class Proc:
+    kind: str  # "host" | "role"
+    name: str
+    pid: int
+    started: int | None
+
+
+def kill_group(pid: int, started: int | None, grace_s: float = 2.0) -> None:
+    """SIGTERM the process group led by `pid`, then SIGKILL whatever is left after `grace_s`."""
+    if not alive(pid, started):
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not alive(pid, started):
+                return
+            time.sleep(0.05)
+
+
+def delete_link(name: str) -> None:
+    if Path(f"/sys/class/net/{name}").exists():
+        subprocess.run(["ip", "link", "del", name], capture_output=True)
+
+
+class StateDir:
+    """The record of what one orchestrator process has started."""
+
+    def __init__(self, root: Path = STATE_ROOT, pid: int | None = None):
+        self.pid = os.getpid() if pid is None else pid
+        self.path = root / str(self.pid)
+
+    def open(self) -> "StateDir":
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._write("owner.json", {"pid": self.pid, "started": start_time(self.pid)})
+        return self
+
+    def _write(self, name: str, obj: dict) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(json.dumps(obj))
+        os.replace(tmp, self.path / name)
+
+    def add_process(self, kind: str, name: str, pid: int) -> None:
+        self._write(f"proc-{kind}-{name}-{pid}.json",
+                    {"kind": kind, "name": name, "pid": pid, "started": start_time(pid)})
+
+    def add_link(self, name: str) -> None:
+        self._write(f"link-{name}.json", {"name": name})
+
+    def processes(self) -> list[Proc]:
+        out = []
+        for f in sorted(self.path.glob("proc-*.json")):
+            try:
+                out.append(Proc(**json.loads(f.read_text())))
+            except (OSError, ValueError, TypeError):
+                continue
+        return out
+
+    def links(self) -> list[str]:
+        names = []
+        for f in sorted(self.path.glob("link-*.json")):
+            try:
+                names.append(json.loads(f.read_text())["name"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return names
+
+    def owner_alive(self) -> bool:
+        try:
+            owner = json.loads((self.path / "owner.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return alive(owner["pid"], owner.get("started"))
+
+    def teardown(self) -> list[str]:
+        """Kill roles, then host shells, then delete links; return what was still there."""
+        found: list[str] = []
+        procs = self.processes()
+        for kind in ("role", "host"):
+            for p in procs:
+                if p.kind == kind and alive(p.pid, p.started):
+                    found.append(f"{kind} {p.name} (pid {p.pid})")
+                    kill_group(p.pid, p.started)
+        for name in self.links():
+            if Path(f"/sys/class/net/{name}").exists():
+                found.append(f"link {name}")
+                delete_link(name)
+        return found
+
+    def clear(self) -> None:
+        """Forget the records of a network that was torn down cleanly."""
+        for f in list(self.path.glob("proc-*.json")) + list(self.path.glob("link-*.json")):
+            f.unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def clean(force: bool = False, root: Path = STATE_ROOT) -> list[str]:
+    """Tear down everything recorded by orchestrators that are no longer running.
+
+    With `force`, also those still running (use when one is hung). Returns a line per
+    thing that was found and removed.
+    """
+    removed: list[str] = []
+    if not root.exists():
+        return removed
+    for d in sorted(root.iterdir()):
+        if not d.is_dir() or not d.name.isdigit():
+            continue
+        state = StateDir(root, int(d.name))
+        if state.pid == os.getpid():
+            continue
+        if state.owner_alive() and not force:
+            continue
+        removed += [f"{line} [orchestrator {state.pid}]" for line in state.teardown()]
+        state.remove()
+    return removed

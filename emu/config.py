@@ -1,0 +1,328 @@
+"""Typed experiment configuration: YAML in, validated `Experiment` objects out.
+
+Every error becomes one `ConfigError` whose text names the field
+(`topology.hosts[1].bw_mbps: must be > 0`), so the CLI can print one line and exit 2
+before anything is created or started.
+
+emu/ may not import workloads/ or schedulers/, yet their sections must be validated up
+front. So the caller passes their pydantic models in (`Sections`): dependency injection
+keeps the layering and still validates everything before a run starts.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A bad config or argument; its text is the whole one-line message for the user."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Interface names are "<host>-eth<N>" and Linux caps them at 15 characters.
+HostName = Field(pattern=r"^[a-z][a-z0-9]{0,9}$")
+
+
+class HostSpec(Strict):
+    name: str = HostName
+    bw_mbps: float = Field(gt=0, description="rate of the host's link, each direction, Mb/s")
+
+    @field_validator("bw_mbps")
+    @classmethod
+    def _ceiling(cls, v: float) -> float:
+        if v > 1000:
+            # Mininet's TCIntf ignores rates above 1000 Mb/s; the testbed shapes those
+            # itself only once issue "heterogeneous topologies" lands.
+            raise ValueError("must be <= 1000 (Mb/s) for a star built with TCLink")
+        return v
+
+
+class StarTopology(Strict):
+    """One switch, one link per host, a bandwidth per host."""
+
+    kind: Literal["star"]
+    switch: str = Field(default="s1", pattern=r"^s[0-9]{1,4}$")
+    hosts: list[HostSpec] = Field(min_length=2)
+
+    @field_validator("hosts")
+    @classmethod
+    def _unique(cls, hosts: list[HostSpec]) -> list[HostSpec]:
+        seen: set[str] = set()
+        for i, h in enumerate(hosts):
+            if h.name in seen:
+                raise ValueError(f"[{i}].name: host name {h.name!r} is used twice")
+            seen.add(h.name)
+        return hosts
+
+
+class Roles(Strict):
+    servers: list[str] = Field(min_length=1)
+    workers: list[str] = Field(min_length=1)
+
+    @field_validator("servers", "workers")
+    @classmethod
+    def _no_repeats(cls, names: list[str]) -> list[str]:
+        for i, n in enumerate(names):
+            if n in names[:i]:
+                raise ValueError(f"[{i}]: host {n!r} is listed twice")
+        return names
+
+
+class Experiment(Strict):
+    """One fully resolved experiment: what `run_id` hashes."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    seed: int = Field(default=0, ge=0)
+    timeout_s: float = Field(default=600, gt=0, description="wall-clock limit of one run")
+    topology: StarTopology
+    roles: Roles
+    workload: dict[str, Any]
+    scheduler: str
+    schedulers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _roles_on_hosts(self) -> "Experiment":
+        hosts = {h.name for h in self.topology.hosts}
+        for kind in ("servers", "workers"):
+            for i, n in enumerate(getattr(self.roles, kind)):
+                if n not in hosts:
+                    raise ConfigError(f"roles.{kind}[{i}]: {n!r} is not a host of the topology")
+        return self
+
+    @property
+    def scheduler_params(self) -> dict[str, Any]:
+        return dict(self.schedulers.get(self.scheduler, {}))
+
+    def resolved(self) -> dict[str, Any]:
+        """Plain dict of the config with only the chosen scheduler's section (what is hashed)."""
+        d = self.model_dump(mode="json")
+        d["schedulers"] = {self.scheduler: self.scheduler_params}
+        return d
+
+    def run_id(self, repeat: int) -> str:
+        blob = json.dumps({"config": self.resolved(), "repeat": repeat}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Sections:
+    """Validators for the sections that belong to upper layers.
+
+    workload: pydantic model of the `workload:` section.
+    schedulers: scheduler name -> pydantic model of its tunables.
+    """
+
+    workload: type[BaseModel] | None = None
+    schedulers: Mapping[str, type[BaseModel]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a config file asks for: the experiments of its grid, each repeated."""
+
+    name: str
+    experiments: list[Experiment]
+    repeats: int
+    source: Path
+
+
+# ---------------------------------------------------------------------------- errors
+
+_MESSAGES = {
+    "extra_forbidden": lambda e: "unknown key",
+    "missing": lambda e: "required field is missing",
+    "greater_than": lambda e: f"must be > {e['ctx']['gt']}",
+    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']}",
+    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']}",
+    "too_short": lambda e: f"must have at least {e['ctx']['min_length']} item(s)",
+    "int_type": lambda e: f"must be an integer, got {e['input']!r}",
+    "int_parsing": lambda e: f"must be an integer, got {e['input']!r}",
+    "int_from_float": lambda e: f"must be an integer, got {e['input']!r}",
+    "float_type": lambda e: f"must be a number, got {e['input']!r}",
+    "float_parsing": lambda e: f"must be a number, got {e['input']!r}",
+    "string_type": lambda e: f"must be a string, got {e['input']!r}",
+    "list_type": lambda e: f"must be a list, got {e['input']!r}",
+    "dict_type": lambda e: f"must be a mapping, got {e['input']!r}",
+    "model_type": lambda e: f"must be a mapping, got {e['input']!r}",
+    "bool_type": lambda e: f"must be true or false, got {e['input']!r}",
+    "bool_parsing": lambda e: f"must be true or false, got {e['input']!r}",
+    "string_pattern_mismatch": lambda e: f"{e['input']!r} must match {e['ctx']['pattern']}",
+    "literal_error": lambda e: f"must be one of {e['ctx']['expected']}, got {e['input']!r}",
+}
+
+
+def _path(prefix: str, loc: tuple) -> str:
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith("["):
+            out += str(part)
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def describe(err: ValidationError, prefix: str = "") -> str:
+    """First error of a ValidationError as `field.path: reason`."""
+    e = err.errors()[0]
+    loc = tuple(p for p in e["loc"] if p not in ("function-after",))
+    # Discriminated/Literal unions put the tag in loc; it adds nothing for the user.
+    loc = tuple(p for p in loc if p not in ("star",))
+    fmt = _MESSAGES.get(e["type"])
+    if fmt is not None:
+        msg = fmt(e)
+    else:
+        msg = e["msg"]
+        for lead in ("Value error, ", "Assertion failed, "):
+            if msg.startswith(lead):
+                msg = msg[len(lead):]
+    # A validator may have put a sub-path in front of its message: "[1].name: ..."
+    if msg.startswith("[") and "]" in msg and ": " in msg:
+        sub, msg = msg.split(": ", 1)
+        return f"{_path(prefix, loc)}{sub}: {msg}"
+    if msg.startswith(tuple(f"{k}" for k in ("roles.", "topology.", "workload.", "schedulers."))):
+        return msg
+    return f"{_path(prefix, loc)}: {msg}" if loc or prefix else msg
+
+
+# ---------------------------------------------------------------------------- loading
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must contain a mapping at the top level")
+    return data
+
+
+def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    """`topology.hosts.1.bw_mbps = 5` style assignment into nested dicts and lists."""
+    parts = key.split(".")
+    cur: Any = d
+    for i, p in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(cur, list):
+            try:
+                cur = cur[int(p)]
+            except (ValueError, IndexError):
+                raise ConfigError(f"{key}: no list item {p!r}") from None
+        else:
+            if not isinstance(cur, dict):
+                raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a mapping")
+            cur = cur.setdefault(p, [] if nxt.isdigit() else {})
+    last = parts[-1]
+    if isinstance(cur, list):
+        try:
+            cur[int(last)] = value
+        except (ValueError, IndexError):
+            raise ConfigError(f"{key}: no list item {last!r}") from None
+    elif isinstance(cur, dict):
+        cur[last] = value
+    else:
+        raise ConfigError(f"{key}: parent is not a mapping")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`key=value` from the command line; the value is parsed as YAML (numbers, lists...)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {text!r}: expected key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def validate_experiment(raw: dict[str, Any], sections: Sections) -> Experiment:
+    try:
+        exp = Experiment.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(describe(e)) from None
+    d = exp.model_dump()
+    if sections.workload is not None:
+        try:
+            d["workload"] = sections.workload.model_validate(exp.workload).model_dump(mode="json")
+        except ValidationError as e:
+            raise ConfigError(describe(e, "workload")) from None
+    if sections.schedulers:
+        known = sorted(sections.schedulers)
+        if exp.scheduler not in sections.schedulers:
+            raise ConfigError(f"scheduler: unknown scheduler {exp.scheduler!r} (known: {', '.join(known)})")
+        resolved: dict[str, dict[str, Any]] = {}
+        for name, params in exp.schedulers.items():
+            if name not in sections.schedulers:
+                raise ConfigError(f"schedulers.{name}: unknown scheduler (known: {', '.join(known)})")
+            if not isinstance(params, dict):
+                raise ConfigError(f"schedulers.{name}: must be a mapping")
+        for name in set(exp.schedulers) | {exp.scheduler}:
+            try:
+                model = sections.schedulers[name].model_validate(exp.schedulers.get(name) or {})
+            except ValidationError as e:
+                raise ConfigError(describe(e, f"schedulers.{name}")) from None
+            resolved[name] = model.model_dump(mode="json")
+        d["schedulers"] = resolved
+    return Experiment.model_validate(d)
+
+
+_PLAN_KEYS = {"grid", "repeats"}
+
+
+def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -> Plan:
+    """Read a config file into the experiments it describes.
+
+    A file is one experiment plus two optional keys: `repeats` (default 1) and `grid`, a
+    mapping of dotted config keys to lists of values whose Cartesian product is run.
+    `overrides` are `key=value` strings applied before the grid.
+    """
+    path = Path(path)
+    raw = read_yaml(path)
+    for text in overrides:
+        k, v = parse_override(text)
+        set_dotted(raw, k, v)
+    grid = raw.pop("grid", None) or {}
+    repeats = raw.pop("repeats", 1)
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+        raise ConfigError(f"repeats: must be an integer >= 1, got {repeats!r}")
+    if not isinstance(grid, dict):
+        raise ConfigError("grid: must be a mapping of config keys to lists of values")
+    for k, vals in grid.items():
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"grid.{k}: must be a non-empty list of values")
+    experiments: list[Experiment] = []
+    keys = list(grid)
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        variant = copy.deepcopy(raw)
+        for k, v in zip(keys, combo):
+            set_dotted(variant, k, v)
+        try:
+            experiments.append(validate_experiment(variant, sections))
+        except ConfigError as e:
+            if keys:
+                where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo))
+                raise ConfigError(f"{e} (grid point {where})") from None
+            raise
+    name = experiments[0].name
+    return Plan(name=name, experiments=experiments, repeats=repeats, source=path)

@@ -1,0 +1,21 @@
+"""FIFO parameter server: whole tensors in the order they become ready, push then pull.
+
+The baseline both papers measure against: no partitioning, no priority, no credit.
+"""
+from __future__ import annotations
+
+from schedulers.base import SchedulerParams
+from schedulers.ps import CommTask, PSScheduler
+
+
+class FIFOParams(SchedulerParams):
+    pass
+
+
+class FIFO(PSScheduler):
+    name = "fifo"
+    Params = FIFOParams
+    partition_numel = None
+
+    def order(self, task: CommTask) -> tuple:
+        return (task.seq, task.chunk)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent set-up of everything the harness needs on a Debian/Ubuntu machine:
+# system packages (Mininet, iperf3, tc, bridge tools) and a virtual environment with
+# the pinned Python dependencies. Each step is skipped when already satisfied, so a
+# second run costs well under a second.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv="$root/.venv"
+req="$root/requirements.txt"
+
+# Commands the harness calls -> the Debian package that provides each.
+declare -A need=(
+  [mn]=mininet [mnexec]=mininet [iperf3]=iperf3 [brctl]=bridge-utils
+  [tc]=iproute2 [ip]=iproute2 [ifconfig]=net-tools [ethtool]=ethtool
+)
+missing=()
+for cmd in "${!need[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
+done
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "setup: missing system packages (${missing[*]}); run as root (sudo ./inv ...) so they can be installed" >&2
+    exit 2
+  fi
+  pkgs=$(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')
+  echo "setup: installing system packages: $pkgs" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  log=$(mktemp)
+  # shellcheck disable=SC2086
+  if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends $pkgs; } >"$log" 2>&1; then
+    cat "$log" >&2; rm -f "$log"; echo "setup: apt-get failed (output above)" >&2; exit 1
+  fi
+  rm -f "$log"
+fi
+
+stamp="$venv/.requirements.sha256"
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: preparing the Python environment in .venv (first run: about a minute)" >&2
+  # System site-packages: Debian's mininet library lives there.
+  [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check ${PIP_EXTRA_ARGS:-} -r "$req" >&2
+  echo "$want" > "$stamp"
+fi
