@@ -1,0 +1,80 @@
+"""Tidy results on disk: `runs.parquet` (one row per run) and per-run long tables.
+
+Every write goes to a temporary file in the same directory and is renamed into place,
+under an exclusive lock, so a crash or `kill -9` never leaves a half-written file and
+two writers never lose each other's rows.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pandas as pd
+
+RUNS = "runs.parquet"
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config -> flat `a.b.c` columns; lists become JSON text (one cell)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list):
+            out[key] = json.dumps(v, sort_keys=True)
+        else:
+            out[key] = v
+    return out
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    df.to_parquet(tmp, index=False)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@contextmanager
+def locked(sweep_dir: Path) -> Iterator[None]:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with open(sweep_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_runs(sweep_dir: Path) -> pd.DataFrame:
+    path = sweep_dir / RUNS
+    return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+
+
+def record_run(sweep_dir: Path, row: dict[str, Any]) -> None:
+    """Insert or replace (by run_id) one run's row."""
+    with locked(sweep_dir):
+        runs = read_runs(sweep_dir)
+        if len(runs):
+            runs = runs[runs["run_id"] != row["run_id"]]
+        new = pd.DataFrame([row])
+        runs = new if runs.empty else pd.concat([runs, new], ignore_index=True)
+        write_parquet(runs, sweep_dir / RUNS)
+
+
+def completed(sweep_dir: Path) -> set[str]:
+    runs = read_runs(sweep_dir)
+    if runs.empty:
+        return set()
+    return set(runs.loc[runs["status"] == "ok", "run_id"])

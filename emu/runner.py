@@ -1,0 +1,247 @@
+"""The path of one run: network up, roles launched, records collected, row written.
+
+Whatever happens (a role crashes, the run times out, Ctrl-C or SIGTERM) the network is
+torn down in a `finally`, the logs stay in the run directory, and the run's row is
+written with its status and reason. Rows already written are never touched.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata as md
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import yaml
+
+from emu.cleanup import StateDir
+from emu.config import Experiment
+from emu.monitor import LinkMonitor
+from emu.network import NetworkError, Testbed
+from emu.results import flatten, record_run, write_parquet, write_text
+from emu.topology import capacity_graph, graph_to_json
+
+REPO = Path(__file__).resolve().parents[1]
+SERVER_PORT = 29500
+SYSCTLS = ["net.core.rmem_max", "net.core.wmem_max", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
+           "net.ipv4.tcp_congestion_control", "net.bridge.bridge-nf-call-iptables"]
+
+
+class RunFailed(Exception):
+    """The run could not complete; the message is the reason stored in its row."""
+
+
+def terminate_as_interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def environment() -> dict[str, Any]:
+    """What produced a result: code version, library versions, kernel, network sysctls."""
+    def git(*args: str) -> str:
+        r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    sysctls = {}
+    for name in SYSCTLS:
+        p = Path("/proc/sys") / name.replace(".", "/")
+        sysctls[name] = p.read_text().strip() if p.exists() else None
+    versions = {}
+    for pkg in ("torch", "numpy", "pandas", "pydantic", "networkx"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    from mininet.net import VERSION as mininet_version
+
+    versions["mininet"] = mininet_version
+    versions["python"] = platform.python_version()
+    return {
+        "git_sha": git("rev-parse", "HEAD") or None,
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "versions": versions,
+        "kernel": platform.release(),
+        "sysctls": sysctls,
+        "cpus": os.cpu_count(),
+    }
+
+
+def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path) -> list[tuple[str, str, dict]]:
+    """(role name, host, spec) for servers then workers."""
+    servers = [{"host": h, "ip": ips[h], "port": SERVER_PORT + i} for i, h in enumerate(exp.roles.servers)]
+    workers = [{"host": h, "ip": ips[h], "port": 0} for h in exp.roles.workers]
+    common = {
+        "seed": exp.seed,
+        "servers": servers,
+        "workers": workers,
+        "scheduler": {"name": exp.scheduler, "params": exp.scheduler_params},
+        "workload": exp.workload,
+        "topology": graph_to_json(capacity_graph(exp.topology)),
+        "out_dir": str(out_dir),
+        "connect_timeout_s": min(60.0, exp.timeout_s),
+    }
+    out = [(f"server{i}", s["host"], {**common, "role": "server", "rank": i}) for i, s in enumerate(servers)]
+    out += [(f"worker{i}", w["host"], {**common, "role": "worker", "rank": i}) for i, w in enumerate(workers)]
+    return out
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def _exit_reason(role: str, host: str, rc: int, log_dir: Path) -> str:
+    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+    last = _last_line(log_dir / f"{role}.err")
+    return f"{role} on {host} {how}" + (f": {last}" if last else "")
+
+
+def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, dict]], exp: Experiment, log_dir: Path,
+                    rec_dir: Path, progress: Callable[[int], None]) -> None:
+    deadline = time.monotonic() + exp.timeout_s
+    workers_done_at = None
+    host_of = {r: h for r, h, _ in roles}
+    iterations = exp.workload["iterations"]
+    while True:
+        codes = {r: p.poll() for r, p in tb.roles.items()}
+        for role, rc in codes.items():
+            if rc is not None and rc != 0:
+                raise RunFailed(_exit_reason(role, host_of[role], rc, log_dir))
+        if all(rc == 0 for rc in codes.values()):
+            return
+        workers = [r for r in codes if r.startswith("worker")]
+        if workers_done_at is None and all(codes[r] == 0 for r in workers):
+            workers_done_at = time.monotonic()
+        if workers_done_at is not None and time.monotonic() - workers_done_at > 15:
+            stuck = [r for r, rc in codes.items() if rc is None]
+            raise RunFailed(f"{', '.join(stuck)} did not exit 15 s after the workers finished")
+        if time.monotonic() > deadline:
+            done = []
+            for r in workers:
+                p = rec_dir / f"{r}.progress"
+                done.append(f"{r} at {p.read_text() if p.exists() else 0}/{iterations}")
+            raise RunFailed(f"timed out after {exp.timeout_s:g} s (timeout_s); {', '.join(done)}")
+        least = iterations
+        for r in workers:
+            try:
+                least = min(least, int((rec_dir / f"{r}.progress").read_text() or 0))
+            except (OSError, ValueError):
+                least = 0
+        progress(least)
+        time.sleep(0.2)
+
+
+def summarize(exp: Experiment, iters: pd.DataFrame, summaries: list[dict]) -> dict[str, Any]:
+    warm = iters[iters["iteration"] >= min(exp.workload["warmup"], exp.workload["iterations"] - 1)]
+    t = warm["end"] - warm["start"]
+    last = iters[iters["iteration"] == iters["iteration"].max()]
+    # One iteration of the job lasts until its slowest worker is done with it.
+    per_iter = warm.groupby("iteration").apply(lambda g: g["end"].max() - g["start"].min(), include_groups=False)
+    return {
+        "iter_time_median_s": float(t.median()),
+        "iter_time_mean_s": float(t.mean()),
+        "iter_time_p90_s": float(t.quantile(0.9)),
+        "job_iter_time_median_s": float(per_iter.median()),
+        "wait_median_s": float(warm["wait_s"].median()),
+        "compute_median_s": float(warm["compute_s"].median()),
+        "samples_per_s": float(exp.workload["batch_size"] * len(summaries) / per_iter.median()),
+        "iterations_measured": int(warm["iteration"].nunique()),
+        "final_loss": float(last["loss"].mean()),
+        "first_loss": float(iters[iters["iteration"] == 0]["loss"].mean()),
+        "params_consistent": len({s["checksum"] for s in summaries}) == 1,
+        "compute_mode": summaries[0]["compute_mode"],
+        "num_params": summaries[0]["num_params"],
+        "num_tensors": summaries[0]["num_tensors"],
+    }
+
+
+def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
+            progress: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
+    """Run one experiment once; return (and record in runs.parquet) its row."""
+    run_id = exp.run_id(repeat)
+    sweep_dir = results_root / exp.name
+    run_dir = sweep_dir / run_id
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # what an interrupted earlier attempt left
+    log_dir, rec_dir, spec_dir = run_dir / "logs", run_dir / "records", run_dir / "roles"
+    for d in (log_dir, rec_dir, spec_dir):
+        d.mkdir(parents=True)
+    write_text(run_dir / "config.yaml", yaml.safe_dump(exp.resolved(), sort_keys=False))
+    write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment()}, indent=2))
+
+    row: dict[str, Any] = {"run_id": run_id, "sweep": exp.name, "repeat": repeat, "status": "running",
+                           "reason": "", "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                           **flatten(exp.resolved())}
+    t0 = time.monotonic()
+    links = pd.DataFrame()
+    try:
+        with Testbed(exp.topology, state) as tb:
+            row["bringup_s"] = tb.bringup_s
+            roles = role_specs(exp, {h.name: tb.ip(h.name) for h in exp.topology.hosts}, rec_dir)
+            monitor = LinkMonitor(_link_map(tb, exp)).start()
+            try:
+                env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
+                       "OMP_NUM_THREADS": str(exp.workload["threads"])}
+                for role, host, spec in roles:
+                    path = spec_dir / f"{role}.json"
+                    path.write_text(json.dumps(spec, indent=1))
+                    module = "schedulers.server" if spec["role"] == "server" else "workloads.worker"
+                    tb.launch(host, role, [sys.executable, "-m", module, str(path)], log_dir, env=env, cwd=REPO)
+                _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress)
+            finally:
+                links = monitor.stop()
+        row["teardown_s"] = getattr(tb, "teardown_s", None)
+        iters, summaries = _collect(rec_dir, len(exp.roles.workers))
+        iters.insert(0, "run_id", run_id)
+        write_parquet(iters, run_dir / "iterations.parquet")
+        row.update(summarize(exp, iters, summaries))
+        row["status"] = "ok"
+    except RunFailed as e:
+        row.update(status="failed", reason=str(e))
+    except NetworkError as e:
+        row.update(status="failed", reason=f"network: {e}")
+    except KeyboardInterrupt as e:
+        row.update(status="interrupted", reason=f"interrupted ({e or 'SIGINT'})")
+        raise
+    except Exception as e:  # noqa: BLE001 - recorded, then re-raised for the traceback
+        row.update(status="failed", reason=f"harness error: {type(e).__name__}: {e}")
+        raise
+    finally:
+        row["wall_s"] = time.monotonic() - t0
+        if len(links):
+            links.insert(0, "run_id", run_id)
+            write_parquet(links, run_dir / "links.parquet")
+        record_run(sweep_dir, row)
+    return row
+
+
+def _link_map(tb: Testbed, exp: Experiment) -> dict[str, tuple[str, str, float]]:
+    out = {}
+    sw = exp.topology.switch
+    for h in exp.topology.hosts:
+        intf = tb.switch_intf(h.name).name
+        out[f"{h.name}->{sw}"] = (intf, "rx", h.bw_mbps * 1e6)
+        out[f"{sw}->{h.name}"] = (intf, "tx", h.bw_mbps * 1e6)
+    return out
+
+
+def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict]]:
+    frames, summaries = [], []
+    for rank in range(num_workers):
+        path = rec_dir / f"worker{rank}.json"
+        if not path.exists():
+            raise RunFailed(f"worker{rank} exited 0 but wrote no records ({path.name})")
+        rec = json.loads(path.read_text())
+        frames.append(pd.DataFrame(rec["iterations"]))
+        summaries.append(rec["summary"])
+    return pd.concat(frames, ignore_index=True), summaries

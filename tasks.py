@@ -1,0 +1,111 @@
+"""Invoke tasks: a thin layer over emu/, workloads/, schedulers/ and analysis/.
+
+    ./inv --list            what there is
+    sudo ./inv demo         the demo experiment, then its plot
+    sudo ./inv test         the test suite
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from invoke import Exit, task
+
+REPO = Path(__file__).resolve().parent
+RESULTS = REPO / "results"
+
+
+def _sections():
+    from emu.config import Sections
+    from schedulers.registry import params_models
+    from workloads.config import WorkloadConfig
+
+    return Sections(workload=WorkloadConfig, schedulers=params_models())
+
+
+def _need_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise Exit(f"error: {what} needs root for Mininet; run it as: sudo ./inv {what}", code=2)
+
+
+def _run_config(config: str, overrides: list[str], results: str, force: bool) -> Path:
+    from emu.config import ConfigError, load_plan
+
+    try:
+        plan = load_plan(config, _sections(), overrides)
+    except ConfigError as e:
+        raise Exit(f"error: {e}", code=2) from None
+    _need_root("run")
+    from emu.sweep import run_plan
+
+    try:
+        rows = run_plan(plan, Path(results), force=force)
+    except KeyboardInterrupt:
+        raise Exit("interrupted: network torn down, finished runs kept, this run recorded as interrupted",
+                   code=130) from None
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        raise Exit(f"error: {len(failed)} of {len(rows)} run(s) failed; see 'reason' in "
+                   f"{Path(results) / plan.name / 'runs.parquet'}", code=1)
+    return Path(results) / plan.name
+
+
+@task(iterable=["set"], help={
+    "config": "experiment YAML (a single experiment, or one with a `grid:`)",
+    "set": "override a config key, e.g. --set workload.iterations=10 (repeatable)",
+    "results": "results root (default: results/)",
+    "force": "re-run runs that already completed",
+})
+def run(c, config, set=None, results=str(RESULTS), force=False):  # noqa: A002 - the CLI flag is --set
+    """Run every experiment of a config; completed runs are skipped (resume after a crash)."""
+    sweep = _run_config(config, set or [], results, force)
+    print(f"results: {sweep / 'runs.parquet'}")
+
+
+@task(help={"sweep": "results directory of a sweep, e.g. results/demo"})
+def analyze(c, sweep):
+    """Plot iteration time per scheduler and print the runs' summary table."""
+    from analysis.plots import iteration_time_plot, summary_table
+    from analysis.tables import NoResults
+
+    try:
+        png = iteration_time_plot(Path(sweep))
+    except NoResults as e:
+        raise Exit(f"error: {e}", code=2) from None
+    import pandas as pd
+
+    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.max_colwidth", 60):
+        print(summary_table(Path(sweep)).to_string(index=False))
+    print(f"plot: {png}")
+
+
+@task(help={"results": "results root (default: results/)", "force": "re-run completed runs"})
+def demo(c, results=str(RESULTS), force=False):
+    """The demo: 2 workers and a parameter server on a 3-host star, FIFO vs ByteScheduler, then a plot."""
+    sweep = _run_config(str(REPO / "configs" / "demo.yaml"), [], results, force)
+    analyze(c, str(sweep))
+
+
+@task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure"})
+def test(c, k=None, x=False):
+    """Run the test suite (end-to-end Mininet tests need root and are skipped without it)."""
+    args = [sys.executable, "-m", "pytest", "-q", "-rs", str(REPO / "tests")]
+    if k:
+        args += ["-k", k]
+    if x:
+        args.append("-x")
+    os.chdir(REPO)
+    os.execv(sys.executable, args)
+
+
+@task(help={"force": "also tear down runs whose orchestrator is still alive (a hung run)"})
+def clean(c, force=False):
+    """Remove leftover Mininet interfaces and role processes that this harness started."""
+    _need_root("clean")
+    from emu.cleanup import clean as do_clean
+
+    removed = do_clean(force=force)
+    for line in removed:
+        print(f"removed {line}")
+    print(f"clean: {len(removed)} leftover(s) removed")
