@@ -29,7 +29,8 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False) -> list[dict]:
                 print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
                 continue
             bar = tqdm(total=exp.workload["iterations"], desc=label, unit="it", file=sys.stderr,
-                       leave=True, dynamic_ncols=True)
+                       leave=True, dynamic_ncols=True,
+                       mininterval=0.2 if sys.stderr.isatty() else 5.0)
 
             def progress(n: int, bar=bar) -> None:
                 bar.update(n - bar.n)

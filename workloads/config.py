@@ -23,6 +23,6 @@ class WorkloadConfig(BaseModel):
     iterations: int = Field(default=40, gt=0)
     warmup: int = Field(default=2, ge=0, description="first iterations left out of summaries")
     threads: int = Field(default=1, gt=0, description="torch threads per worker")
-    lr: float = Field(default=0.05, gt=0)
+    lr: float = Field(default=0.01, gt=0)
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=1e-4, ge=0)

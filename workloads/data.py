@@ -12,7 +12,7 @@ from workloads.models import IMAGE_SHAPE, NUM_CLASSES
 
 
 class SyntheticImages:
-    def __init__(self, seed: int, rank: int, batch_size: int, noise: float = 1.0):
+    def __init__(self, seed: int, rank: int, batch_size: int, noise: float = 2.0):
         g = torch.Generator().manual_seed(seed)
         self.prototypes = torch.randn((NUM_CLASSES, *IMAGE_SHAPE), generator=g)
         self.gen = torch.Generator().manual_seed(seed * 1000 + rank + 1)
