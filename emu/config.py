@@ -139,12 +139,16 @@ class Plan:
 
 # ---------------------------------------------------------------------------- errors
 
+def _num(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
 _MESSAGES = {
     "extra_forbidden": lambda e: "unknown key",
     "missing": lambda e: "required field is missing",
-    "greater_than": lambda e: f"must be > {e['ctx']['gt']}",
-    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']}",
-    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']}",
+    "greater_than": lambda e: f"must be > {_num(e['ctx']['gt'])}",
+    "greater_than_equal": lambda e: f"must be >= {_num(e['ctx']['ge'])}",
+    "less_than_equal": lambda e: f"must be <= {_num(e['ctx']['le'])}",
     "too_short": lambda e: f"must have at least {e['ctx']['min_length']} item(s)",
     "int_type": lambda e: f"must be an integer, got {e['input']!r}",
     "int_parsing": lambda e: f"must be an integer, got {e['input']!r}",

@@ -114,9 +114,14 @@ def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, dict]], exp: Experi
     iterations = exp.workload["iterations"]
     while True:
         codes = {r: p.poll() for r, p in tb.roles.items()}
-        for role, rc in codes.items():
-            if rc is not None and rc != 0:
-                raise RunFailed(_exit_reason(role, host_of[role], rc, log_dir))
+        if any(rc not in (None, 0) for rc in codes.values()):
+            # One death makes its peers fail too; let them settle, then name the likely
+            # root cause first: a role killed by a signal, then workers before servers.
+            time.sleep(0.5)
+            codes = {r: p.poll() for r, p in tb.roles.items()}
+            failed = sorted((r for r, rc in codes.items() if rc not in (None, 0)),
+                            key=lambda r: (codes[r] > 0, r.startswith("server"), r))
+            raise RunFailed("; ".join(_exit_reason(r, host_of[r], codes[r], log_dir) for r in failed))
         if all(rc == 0 for rc in codes.values()):
             return
         workers = [r for r in codes if r.startswith("worker")]
@@ -211,7 +216,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     except NetworkError as e:
         row.update(status="failed", reason=f"network: {e}")
     except KeyboardInterrupt as e:
-        row.update(status="interrupted", reason=f"interrupted ({e or 'SIGINT'})")
+        row.update(status="interrupted", reason=f"interrupted ({str(e) or 'signal SIGINT'})")
         raise
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised for the traceback
         row.update(status="failed", reason=f"harness error: {type(e).__name__}: {e}")
