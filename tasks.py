@@ -29,7 +29,8 @@ def _need_root(what: str) -> None:
         raise Exit(f"error: {what} needs root for Mininet; run it as: sudo ./inv {what}", code=2)
 
 
-def _run_config(config: str, overrides: list[str], results: str, force: bool) -> Path:
+def _run_config(config: str, overrides: list[str], results: str, force: bool):
+    """Validate, run and report a config; returns its plan."""
     from emu.config import ConfigError, load_plan
 
     try:
@@ -48,7 +49,7 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool) ->
     if failed:
         raise Exit(f"error: {len(failed)} of {len(rows)} run(s) failed; see 'reason' in "
                    f"{Path(results) / plan.name / 'runs.parquet'}", code=1)
-    return Path(results) / plan.name
+    return plan
 
 
 @task(iterable=["set"], help={
@@ -59,32 +60,37 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool) ->
 })
 def run(c, config, set=None, results=str(RESULTS), force=False):  # noqa: A002 - the CLI flag is --set
     """Run every experiment of a config; completed runs are skipped (resume after a crash)."""
-    sweep = _run_config(config, set or [], results, force)
-    print(f"results: {sweep / 'runs.parquet'}")
+    plan = _run_config(config, set or [], results, force)
+    print(f"results: {Path(results) / plan.name / 'runs.parquet'}")
 
 
-@task(help={"sweep": "results directory of a sweep, e.g. results/demo"})
-def analyze(c, sweep):
+@task(iterable=["run_id"], help={"sweep": "results directory of a sweep, e.g. results/demo",
+                                 "run-id": "only these runs (repeatable; default: all)"})
+def analyze(c, sweep, run_id=None):
     """Plot iteration time per scheduler and print the runs' summary table."""
     from analysis.plots import iteration_time_plot, summary_table
     from analysis.tables import NoResults
 
     try:
-        png = iteration_time_plot(Path(sweep))
+        png = iteration_time_plot(Path(sweep), run_ids=run_id or None)
+        table = summary_table(Path(sweep), run_ids=run_id or None)
     except NoResults as e:
         raise Exit(f"error: {e}", code=2) from None
     import pandas as pd
 
-    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.max_colwidth", 60):
-        print(summary_table(Path(sweep)).to_string(index=False))
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60,
+                           "display.float_format", "{:.4g}".format):
+        print(table.to_string(index=False))
     print(f"plot: {png}")
 
 
 @task(help={"results": "results root (default: results/)", "force": "re-run completed runs"})
 def demo(c, results=str(RESULTS), force=False):
     """The demo: 2 workers and a parameter server on a 3-host star, FIFO vs ByteScheduler, then a plot."""
-    sweep = _run_config(str(REPO / "configs" / "demo.yaml"), [], results, force)
-    analyze(c, str(sweep))
+    plan = _run_config(str(REPO / "configs" / "demo.yaml"), [], results, force)
+    # Only this config's runs: results/demo may also hold runs of earlier demo versions.
+    analyze(c, str(Path(results) / plan.name), run_id=[e.run_id(r) for e in plan.experiments
+                                                        for r in range(plan.repeats)])
 
 
 @task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure"})

@@ -1,6 +1,7 @@
 """Figures from tidy results. Reads only files (runs.parquet and per-run tables)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib
@@ -13,10 +14,10 @@ import seaborn as sns  # noqa: E402
 from analysis.tables import load_iterations, load_runs  # noqa: E402
 
 
-def iteration_time_plot(sweep_dir: Path, out: Path | None = None) -> Path:
+def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | None = None) -> Path:
     """Per-iteration time of each worker, one box per scheduler, beside the split of the
     median iteration into compute and time blocked on communication."""
-    runs = load_runs(sweep_dir, status="ok")
+    runs = load_runs(sweep_dir, status="ok", run_ids=run_ids)
     iters = load_iterations(sweep_dir, runs)
     iters["iteration_ms"] = (iters["end"] - iters["start"]) * 1e3
     order = list(dict.fromkeys(runs.sort_values("iter_time_median_s", ascending=False)["scheduler"]))
@@ -28,7 +29,13 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None) -> Path:
     sns.stripplot(data=iters, x="scheduler", y="iteration_ms", hue="worker", order=order, ax=ax1,
                   dodge=True, size=3, alpha=0.7, palette="deep")
     ax1.set(xlabel="scheduler", ylabel="iteration time (ms)", title="Iteration time per worker")
-    ax1.set_ylim(bottom=0)
+    ax1.set_ylim(bottom=0, top=iters["iteration_ms"].max() * 1.15)
+    if "fifo" in order:
+        base = iters.loc[iters["scheduler"] == "fifo", "iteration_ms"].median()
+        for i, name in enumerate(order):
+            m = iters.loc[iters["scheduler"] == name, "iteration_ms"].median()
+            ax1.annotate(f"{base / m:.2f}x vs fifo", (i, iters["iteration_ms"].max() * 1.07), ha="center",
+                         fontsize=9, color="#333")
     ax1.legend(title="worker", fontsize=8, title_fontsize=8, loc="lower right")
 
     med = iters.groupby("scheduler")[["compute_s", "wait_s"]].median().reindex(order) * 1e3
@@ -37,9 +44,10 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None) -> Path:
     ax2.legend(["compute", "waiting for gradients"], fontsize=8, loc="lower right")
 
     first = runs.iloc[0]
-    fig.suptitle(f"{first['sweep']}: {first['workload.model']} ({first['workload.preset']}), "
-                 f"{runs['num_workers'].iloc[0]} workers, {first['compute_mode']} compute; "
-                 f"warm-up iterations excluded", fontsize=10)
+    links = ", ".join(f"{h['name']} {h['bw_mbps']:g}" for h in json.loads(first["topology.hosts"]))
+    fig.suptitle(f"{first['sweep']}: {first['workload.model']} ({first['workload.preset']}, "
+                 f"{first['num_params'] / 1e3:.0f}k params), {runs['num_workers'].iloc[0]} workers, "
+                 f"{first['compute_mode']} compute, star links (Mb/s): {links}; warm-up excluded", fontsize=9.5)
     fig.tight_layout()
     out = out or sweep_dir / "iteration_time.png"
     fig.savefig(out, dpi=130)
@@ -47,8 +55,8 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
-def summary_table(sweep_dir: Path) -> pd.DataFrame:
-    runs = load_runs(sweep_dir)
+def summary_table(sweep_dir: Path, run_ids: list[str] | None = None) -> pd.DataFrame:
+    runs = load_runs(sweep_dir, run_ids=run_ids)
     cols = ["run_id", "scheduler", "repeat", "status", "iter_time_median_s", "wait_median_s",
             "compute_median_s", "samples_per_s", "final_loss", "params_consistent", "wall_s", "reason"]
     return runs[[c for c in cols if c in runs.columns]]

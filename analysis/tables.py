@@ -11,11 +11,13 @@ class NoResults(LookupError):
     pass
 
 
-def load_runs(sweep_dir: Path, status: str | None = None) -> pd.DataFrame:
+def load_runs(sweep_dir: Path, status: str | None = None, run_ids: list[str] | None = None) -> pd.DataFrame:
     path = Path(sweep_dir) / "runs.parquet"
     if not path.exists():
         raise NoResults(f"{path}: no such file (run the sweep first)")
     runs = pd.read_parquet(path)
+    if run_ids is not None:
+        runs = runs[runs["run_id"].isin(run_ids)]
     runs["num_workers"] = runs["roles.workers"].map(lambda s: len(json.loads(s)))
     if status is not None:
         runs = runs[runs["status"] == status]

@@ -31,8 +31,13 @@ def start_time(pid: int) -> int | None:
 
 
 def alive(pid: int, started: int | None) -> bool:
-    st = start_time(pid)
-    return st is not None and (started is None or st == started)
+    """Running (not a zombie awaiting its parent's wait) and the same process as recorded."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] != "Z" and (started is None or int(fields[19]) == started)
 
 
 @dataclass
