@@ -67,7 +67,7 @@ class StarTopology(Strict):
 
 
 class Roles(Strict):
-    servers: list[str] = Field(min_length=1)
+    servers: list[str] = Field(default_factory=list, description="parameter servers (PS family only)")
     workers: list[str] = Field(min_length=1)
 
     @field_validator("servers", "workers")
@@ -85,6 +85,7 @@ class Experiment(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = Field(default=0, ge=0)
     timeout_s: float = Field(default=600, gt=0, description="wall-clock limit of one run")
+    trace: bool = Field(default=False, description="record scheduler events into events.parquet")
     topology: StarTopology
     roles: Roles
     workload: dict[str, Any]
@@ -288,6 +289,12 @@ def validate_experiment(raw: dict[str, Any], sections: Sections) -> Experiment:
                 raise ConfigError(describe(e, f"schedulers.{name}")) from None
             resolved[name] = model.model_dump(mode="json")
         d["schedulers"] = resolved
+        needs = getattr(sections.schedulers[exp.scheduler], "requires_servers", True)
+        if needs and not exp.roles.servers:
+            raise ConfigError(f"roles.servers: scheduler {exp.scheduler!r} needs at least one parameter server")
+        if not needs and exp.roles.servers:
+            raise ConfigError(f"roles.servers: scheduler {exp.scheduler!r} runs among the workers; "
+                              f"it uses no servers (remove them)")
     return Experiment.model_validate(d)
 
 

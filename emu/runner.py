@@ -30,7 +30,8 @@ from emu.results import flatten, record_run, write_parquet, write_text
 from emu.topology import capacity_graph, graph_to_json
 
 REPO = Path(__file__).resolve().parents[1]
-SERVER_PORT = 29500
+SERVER_PORT = 29500  # server i listens on SERVER_PORT + i
+WORKER_PORT = 29600  # worker i listens for its peers on WORKER_PORT + i
 SYSCTLS = ["net.core.rmem_max", "net.core.wmem_max", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
            "net.ipv4.tcp_congestion_control", "net.bridge.bridge-nf-call-iptables"]
 
@@ -76,7 +77,7 @@ def environment() -> dict[str, Any]:
 def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path) -> list[tuple[str, str, dict]]:
     """(role name, host, spec) for servers then workers."""
     servers = [{"host": h, "ip": ips[h], "port": SERVER_PORT + i} for i, h in enumerate(exp.roles.servers)]
-    workers = [{"host": h, "ip": ips[h], "port": 0} for h in exp.roles.workers]
+    workers = [{"host": h, "ip": ips[h], "port": WORKER_PORT + i} for i, h in enumerate(exp.roles.workers)]
     common = {
         "seed": exp.seed,
         "servers": servers,
@@ -86,9 +87,12 @@ def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path) -> list[tupl
         "topology": graph_to_json(capacity_graph(exp.topology)),
         "out_dir": str(out_dir),
         "connect_timeout_s": min(60.0, exp.timeout_s),
+        "trace": exp.trace,
     }
-    out = [(f"server{i}", s["host"], {**common, "role": "server", "rank": i}) for i, s in enumerate(servers)]
-    out += [(f"worker{i}", w["host"], {**common, "role": "worker", "rank": i}) for i, w in enumerate(workers)]
+    out = [(f"server{i}", s["host"], {**common, "role": "server", "rank": i, "iface": f"{s['host']}-eth0"})
+           for i, s in enumerate(servers)]
+    out += [(f"worker{i}", w["host"], {**common, "role": "worker", "rank": i, "iface": f"{w['host']}-eth0"})
+            for i, w in enumerate(workers)]
     return out
 
 
@@ -205,9 +209,12 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
             finally:
                 links = monitor.stop()
         row["teardown_s"] = getattr(tb, "teardown_s", None)
-        iters, summaries = _collect(rec_dir, len(exp.roles.workers))
+        iters, summaries, events = _collect(rec_dir, len(exp.roles.workers))
         iters.insert(0, "run_id", run_id)
         write_parquet(iters, run_dir / "iterations.parquet")
+        if len(events):
+            events.insert(0, "run_id", run_id)
+            write_parquet(events, run_dir / "events.parquet")
         row.update(summarize(exp, iters, summaries))
         row["status"] = "ok"
     except RunFailed as e:
@@ -239,8 +246,8 @@ def _link_map(tb: Testbed, exp: Experiment) -> dict[str, tuple[str, str, float]]
     return out
 
 
-def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict]]:
-    frames, summaries = [], []
+def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict], pd.DataFrame]:
+    frames, summaries, events = [], [], []
     for rank in range(num_workers):
         path = rec_dir / f"worker{rank}.json"
         if not path.exists():
@@ -248,4 +255,6 @@ def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict]]
         rec = json.loads(path.read_text())
         frames.append(pd.DataFrame(rec["iterations"]))
         summaries.append(rec["summary"])
-    return pd.concat(frames, ignore_index=True), summaries
+        ev = pd.DataFrame(rec.get("events", []), columns=["event", "key", "chunk", "iteration", "t"])
+        events.append(ev.assign(rank=rank))
+    return pd.concat(frames, ignore_index=True), summaries, pd.concat(events, ignore_index=True)

@@ -12,6 +12,7 @@ over ownership (it drops its own reference to the gradient).
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -20,9 +21,14 @@ from pydantic import BaseModel, ConfigDict
 
 
 class SchedulerParams(BaseModel):
-    """Base of every scheduler's config section: unknown keys are errors."""
+    """Base of every scheduler's config section: unknown keys are errors.
+
+    `requires_servers`: whether the scheduler needs parameter-server roles (the PS family)
+    or runs among the workers alone (the collective family).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    requires_servers: ClassVar[bool] = True
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,13 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class RoleContext:
-    """What a worker knows about the job: who it is and whom it talks to."""
+    """What a worker knows about the job: who it is and whom it talks to.
+
+    workers[i].port is where worker i listens for its peers (collective schedulers).
+    iface is this role's network interface (`<host>-eth0` in Mininet, `lo` on loopback),
+    for libraries such as gloo that must be told which one to use.
+    trace: record scheduler events (see `Scheduler.event`).
+    """
 
     rank: int
     num_workers: int
@@ -50,6 +62,8 @@ class RoleContext:
     workers: list[Endpoint] = field(default_factory=list)
     topology: dict[str, Any] | None = None  # networkx node-link data with capacities
     connect_timeout_s: float = 60.0
+    iface: str = "lo"
+    trace: bool = False
 
 
 class CommError(RuntimeError):
@@ -63,6 +77,14 @@ class Scheduler(abc.ABC):
     def __init__(self, ctx: RoleContext, params: SchedulerParams):
         self.ctx = ctx
         self.params = params
+        self.events: list[tuple[str, int, int, int, float]] = []
+
+    def event(self, what: str, key: int, chunk: int, it: int) -> None:
+        """Record (what, key, chunk, iteration, time.time()) when tracing is on; e.g. what =
+        "send" when a chunk's first byte is handed to the socket, "recv" when its result
+        arrives. The worker saves them as the run's events.parquet."""
+        if self.ctx.trace:
+            self.events.append((what, key, chunk, it, time.time()))
 
     @abc.abstractmethod
     def start(self, tensors: list[TensorSpec]) -> None: ...

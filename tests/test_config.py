@@ -51,6 +51,7 @@ BAD = [
     (variant("grid", {"workload.iterations": [2, -1]}),
      "workload.iterations: must be > 0 (grid point workload.iterations=-1)"),
     (variant("repeats", 0), "repeats: must be an integer >= 1, got 0"),
+    (variant("roles.servers", []), "roles.servers: scheduler 'fifo' needs at least one parameter server"),
 ]
 
 

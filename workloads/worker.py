@@ -48,6 +48,8 @@ def main(spec_path: str) -> int:
         workers=[Endpoint(**w) for w in spec["workers"]],
         topology=spec.get("topology"),
         connect_timeout_s=spec.get("connect_timeout_s", 60),
+        iface=spec.get("iface", "lo"),
+        trace=spec.get("trace", False),
     )
     sched = registry.create(spec["scheduler"]["name"], ctx, spec["scheduler"]["params"])
     trainer = LayerwiseSGD(model, sched, wl.lr, wl.momentum, wl.weight_decay)
@@ -81,7 +83,7 @@ def main(spec_path: str) -> int:
         "torch_threads": torch.get_num_threads(),
     }
     tmp = out_dir / f".worker{rank}.json.tmp"
-    tmp.write_text(json.dumps({"summary": summary, "iterations": records}))
+    tmp.write_text(json.dumps({"summary": summary, "iterations": records, "events": sched.events}))
     os.replace(tmp, out_dir / f"worker{rank}.json")
     print(f"worker {rank}: {wl.iterations} iterations, final loss {records[-1]['loss']:.3f}, "
           f"checksum {summary['checksum']}", flush=True)
