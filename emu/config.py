@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import re
 import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+import platform
+
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from emu import capabilities
+from emu.crosstraffic import Flow
+from emu.shaping import LinkShaping
+from emu.topospec import TOPOLOGY_KINDS, NetSpec, Topology
 
 
 class ConfigError(ValueError):
@@ -30,53 +38,34 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# Interface names are "<host>-eth<N>" and Linux caps them at 15 characters.
-HostName = Field(pattern=r"^[a-z][a-z0-9]{0,9}$")
-
-
-class HostSpec(Strict):
-    name: str = HostName
-    bw_mbps: float = Field(gt=0, description="rate of the host's link, each direction, Mb/s")
-
-    @field_validator("bw_mbps")
-    @classmethod
-    def _ceiling(cls, v: float) -> float:
-        if v > 1000:
-            # Mininet's TCIntf ignores rates above 1000 Mb/s; the testbed shapes those
-            # itself only once issue "heterogeneous topologies" lands.
-            raise ValueError("must be <= 1000 (Mb/s) for a star built with TCLink")
-        return v
-
-
-class StarTopology(Strict):
-    """One switch, one link per host, a bandwidth per host."""
-
-    kind: Literal["star"]
-    switch: str = Field(default="s1", pattern=r"^s[0-9]{1,4}$")
-    hosts: list[HostSpec] = Field(min_length=2)
-
-    @field_validator("hosts")
-    @classmethod
-    def _unique(cls, hosts: list[HostSpec]) -> list[HostSpec]:
-        seen: set[str] = set()
-        for i, h in enumerate(hosts):
-            if h.name in seen:
-                raise ValueError(f"[{i}].name: host name {h.name!r} is used twice")
-            seen.add(h.name)
-        return hosts
-
-
 class Roles(Strict):
     servers: list[str] = Field(default_factory=list, description="parameter servers (PS family only)")
-    workers: list[str] = Field(min_length=1)
+    workers: list[str] | Literal["rest"] = Field(description='host names, or "rest": every host not a server')
 
     @field_validator("servers", "workers")
     @classmethod
-    def _no_repeats(cls, names: list[str]) -> list[str]:
+    def _no_repeats(cls, names):
+        if isinstance(names, str):
+            return names
         for i, n in enumerate(names):
             if n in names[:i]:
                 raise ValueError(f"[{i}]: host {n!r} is listed twice")
         return names
+
+
+class MonitorConfig(Strict):
+    interval_s: float = Field(default=0.1, gt=0, le=0.1, description="link counters and CPU: 10 Hz or better")
+    qdisc_interval_s: float = Field(default=0.1, gt=0, le=10,
+                                    description="qdisc backlog/drops; costs one tc call per host each time")
+
+
+class FidelityConfig(Strict):
+    """Thresholds of the per-run fidelity verdict (after Handigol et al., CoNEXT 2012)."""
+
+    window_s: float = Field(default=1.0, gt=0)
+    cpu_idle_min: float = Field(default=0.35, ge=0, le=1, description="machine CPU idle, every window")
+    rate_tolerance: float = Field(default=0.05, ge=0, description="realized rate <= configured x (1 + this)")
+    saturated_min: float = Field(default=0.9, ge=0, le=1, description="a backlogged link reaches this x rate")
 
 
 class Experiment(Strict):
@@ -86,20 +75,53 @@ class Experiment(Strict):
     seed: int = Field(default=0, ge=0)
     timeout_s: float = Field(default=600, gt=0, description="wall-clock limit of one run")
     trace: bool = Field(default=False, description="record scheduler events into events.parquet")
-    topology: StarTopology
+    topology: Topology
+    shaping: list[LinkShaping] = Field(default_factory=list)
+    cross_traffic: list[Flow] = Field(default_factory=list)
+    monitor: MonitorConfig = MonitorConfig()
+    fidelity: FidelityConfig = FidelityConfig()
     roles: Roles
     workload: dict[str, Any]
     scheduler: str
     schedulers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    _net: NetSpec | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def _roles_on_hosts(self) -> "Experiment":
-        hosts = {h.name for h in self.topology.hosts}
-        for kind in ("servers", "workers"):
-            for i, n in enumerate(getattr(self.roles, kind)):
-                if n not in hosts:
-                    raise ConfigError(f"roles.{kind}[{i}]: {n!r} is not a host of the topology")
+    def _consistent(self) -> "Experiment":
+        try:
+            net = self.topology.resolve()
+        except ValueError as e:
+            raise ConfigError(f"topology.{e}") from None
+        hosts = set(net.hosts)
+        for i, n in enumerate(self.roles.servers):
+            if n not in hosts:
+                raise ConfigError(f"roles.servers[{i}]: {n!r} is not a host of the topology")
+        if self.roles.workers == "rest":
+            workers = [h for h in net.hosts if h not in self.roles.servers]
+            if not workers:
+                raise ConfigError("roles.workers: no host is left for workers")
+            object.__setattr__(self, "roles", Roles(servers=self.roles.servers, workers=workers))
+        for i, n in enumerate(self.roles.workers):
+            if n not in hosts:
+                raise ConfigError(f"roles.workers[{i}]: {n!r} is not a host of the topology")
+        for i, s in enumerate(self.shaping):
+            if net.rate(*s.link) is None:
+                raise ConfigError(f"shaping[{i}].link: no link {s.link[0]} -> {s.link[1]} in the topology")
+        for i, f in enumerate(self.cross_traffic):
+            for end in ("src", "dst"):
+                if getattr(f, end) not in hosts:
+                    raise ConfigError(f"cross_traffic[{i}].{end}: {getattr(f, end)!r} is not a host of the topology")
+        netem = net.needs_netem()
+        if netem and not capabilities.has_qdisc("netem"):
+            ln = net.links[netem[0]]
+            raise ConfigError(f"topology: link {ln.a}-{ln.b} asks for delay_ms/loss_pct, which needs the netem "
+                              f"qdisc (CONFIG_NET_SCH_NETEM); this kernel ({platform.release()}) has none")
+        self._net = net
         return self
+
+    @property
+    def net(self) -> NetSpec:
+        return self._net
 
     @property
     def scheduler_params(self) -> dict[str, Any]:
@@ -179,12 +201,21 @@ def _path(prefix: str, loc: tuple) -> str:
     return out
 
 
+_SUBPATH = re.compile(r"^((?:\[\d+\]|\.?[A-Za-z_][\w]*)(?:\[\d+\]|\.[A-Za-z_]\w*)*): (.*)$", re.S)
+_TAGS = set(TOPOLOGY_KINDS) | {"steps", "square", "onoff", "mahimahi", "csv", "slow", "lognormal"}
+
+
 def describe(err: ValidationError, prefix: str = "") -> str:
     """First error of a ValidationError as `field.path: reason`."""
     e = err.errors()[0]
-    loc = tuple(p for p in e["loc"] if p not in ("function-after",))
-    # Discriminated/Literal unions put the tag in loc; it adds nothing for the user.
-    loc = tuple(p for p in loc if p not in ("star",))
+    # Tagged unions put the tag in loc (topology.star.hosts...); it adds nothing for the user.
+    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p in _TAGS or p.startswith("function-"))))
+    if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        tag = e["ctx"]["discriminator"].strip("'")
+        known = e["ctx"].get("expected_tags", "")
+        got = e["ctx"].get("tag")
+        what = f"unknown kind {got!r}" if got is not None else "required field is missing"
+        return f"{_path(prefix, loc)}.{tag}: {what}" + (f" (known: {known.replace(chr(39), '')})" if known else "")
     fmt = _MESSAGES.get(e["type"])
     if fmt is not None:
         msg = fmt(e)
@@ -193,12 +224,15 @@ def describe(err: ValidationError, prefix: str = "") -> str:
         for lead in ("Value error, ", "Assertion failed, "):
             if msg.startswith(lead):
                 msg = msg[len(lead):]
-    # A validator may have put a sub-path in front of its message: "[1].name: ..."
-    if msg.startswith("[") and "]" in msg and ": " in msg:
-        sub, msg = msg.split(": ", 1)
-        return f"{_path(prefix, loc)}{sub}: {msg}"
-    if msg.startswith(tuple(f"{k}" for k in ("roles.", "topology.", "workload.", "schedulers."))):
-        return msg
+    if msg.startswith(("roles.", "topology", "workload.", "schedulers.", "shaping[", "cross_traffic[")):
+        return msg  # already a full path (raised by a model validator)
+    # A validator may have put a sub-path in front of its message: "[1].name: ...", "hosts[2].name: ..."
+    m = _SUBPATH.match(msg)
+    if m:
+        sub, msg = m.group(1), m.group(2)
+        base = _path(prefix, loc)
+        joiner = "" if sub.startswith("[") or not base else "."
+        return f"{base}{joiner}{sub.lstrip('.')}: {msg}"
     return f"{_path(prefix, loc)}: {msg}" if loc or prefix else msg
 
 
@@ -261,9 +295,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def validate_experiment(raw: dict[str, Any], sections: Sections) -> Experiment:
+def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path = Path(".")) -> Experiment:
+    ctx = {"base_dir": str(base_dir)}
     try:
-        exp = Experiment.model_validate(raw)
+        exp = Experiment.model_validate(raw, context=ctx)
     except ValidationError as e:
         raise ConfigError(describe(e)) from None
     d = exp.model_dump()
@@ -295,7 +330,7 @@ def validate_experiment(raw: dict[str, Any], sections: Sections) -> Experiment:
         if not needs and exp.roles.servers:
             raise ConfigError(f"roles.servers: scheduler {exp.scheduler!r} runs among the workers; "
                               f"it uses no servers (remove them)")
-    return Experiment.model_validate(d)
+    return Experiment.model_validate(d, context=ctx)
 
 
 _PLAN_KEYS = {"grid", "repeats"}
@@ -329,7 +364,7 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
         for k, v in zip(keys, combo):
             set_dotted(variant, k, v)
         try:
-            experiments.append(validate_experiment(variant, sections))
+            experiments.append(validate_experiment(variant, sections, path.parent))
         except ConfigError as e:
             if keys:
                 where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo))

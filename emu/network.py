@@ -8,7 +8,6 @@ orchestrator dies (kill -9), `./inv clean` finishes the job from the same record
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -16,15 +15,16 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Sequence
 
-from mininet.link import TCLink
+from mininet.link import Link
 from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.node import Host
 from mininet.nodelib import LinuxBridge
 
+from emu import tc
 from emu.cleanup import StateDir, kill_group, start_time
-from emu.config import StarTopology
 from emu.topology import mininet_topo
+from emu.topospec import NetSpec
 
 
 class NetworkError(RuntimeError):
@@ -52,11 +52,12 @@ class RecordedBridge(_Recorded, LinuxBridge):
 
 
 class Testbed:
-    def __init__(self, spec: StarTopology, state: StateDir):
+    def __init__(self, spec: NetSpec, state: StateDir):
         self.spec = spec
         self.state = state
         self.net: Mininet | None = None
         self.roles: dict[str, subprocess.Popen] = {}
+        self.aux: dict[str, subprocess.Popen] = {}
         self._logs: list[IO] = []
 
     # ------------------------------------------------------------------ bring-up
@@ -69,59 +70,79 @@ class Testbed:
         return self
 
     def _start(self) -> None:
-        setLogLevel("critical")  # htb "quantum is big" noise; shaping is verified below
+        setLogLevel("critical")
         topo = mininet_topo(self.spec)
-        # Record every interface name before it exists: Mininet names them <node>-eth<port>.
-        for node, ports in topo.ports.items():
-            for port in ports:
-                self.state.add_link(f"{node}-eth{port}")
-        for sw in topo.switches():
-            self.state.add_link(sw)
+        # Mininet names interfaces <node>-eth<port>: record every name before it exists,
+        # and refuse to touch names that are already taken (another run, or leftovers).
+        names = [f"{node}-eth{port}" for node, ports in topo.ports.items() for port in ports]
+        names += list(topo.switches())
+        taken = [n for n in names if Path(f"/sys/class/net/{n}").exists()]
+        if taken:
+            raise NetworkError(f"interface {taken[0]} already exists: another run is using this network, or a "
+                               f"killed one left it behind (./inv clean)")
+        for n in names:
+            self.state.add_link(n)
         t0 = time.monotonic()
         self.net = Mininet(
             topo=topo,
             host=partial(RecordedHost, state=self.state),
             switch=partial(RecordedBridge, state=self.state),
             controller=None,
-            link=TCLink,
+            link=Link,
             autoSetMacs=True,
             build=False,
         )
         self.net.build()
         self.net.start()
+        self._shape()
         self.bringup_s = time.monotonic() - t0
-        self._verify_shaping()
 
-    def _verify_shaping(self) -> None:
-        """TCIntf can fail and only print; check that each link really has its htb rate."""
-        for h in self.spec.hosts:
-            host = self.net.get(h.name)
-            for node, intf in ((host, host.defaultIntf()), (self.switch, self.switch_intf(h.name))):
-                out = node.cmd("tc", "class", "show", "dev", intf.name)
-                m = re.search(r"htb \S+ root .*?rate (\d+(?:\.\d+)?)([KMG]?)bit", out)
-                if not m:
-                    raise NetworkError(f"topology.hosts[{h.name}]: no htb shaping on {intf.name}: {out.strip()!r}")
-                rate = float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)]
-                if abs(rate - h.bw_mbps * 1e6) > 0.01 * h.bw_mbps * 1e6:
-                    raise NetworkError(f"{intf.name}: htb rate {rate:.0f} bit/s, configured {h.bw_mbps} Mb/s")
+    def _shape(self) -> None:
+        """htb on the egress of both ends of every link, then check the kernel took the rates."""
+        for ln in self.spec.links:
+            for src, dst, mbps in ((ln.a, ln.b, ln.ab_mbps), (ln.b, ln.a, ln.ba_mbps)):
+                dev, ns = self.egress(src, dst)
+                try:
+                    for cmd in tc.setup_commands(dev, mbps * 1e6, ln.delay_ms, ln.loss_pct, ln.queue_pkts):
+                        tc.run(cmd, ns)
+                    got = tc.class_rate(dev, ns)
+                except tc.TcError as e:
+                    raise NetworkError(f"shaping {src}->{dst}: {e}") from None
+                if got is None or abs(got - mbps * 1e6) > 0.01 * mbps * 1e6:
+                    raise NetworkError(f"shaping {src}->{dst}: kernel reports {got} bit/s on {dev}, "
+                                       f"configured {mbps:g} Mb/s")
 
     # ------------------------------------------------------------------ queries
-    @property
-    def switch(self):
-        return self.net.get(self.spec.switch)
-
     def ip(self, host: str) -> str:
         return self.net.get(host).IP()
 
-    def switch_intf(self, host: str):
-        """The switch-side interface of `host`'s link (lives in the root namespace)."""
-        link = self.net.linksBetween(self.net.get(host), self.switch)[0]
-        return link.intf2 if link.intf2.node is self.switch else link.intf1
+    def _intf(self, node: str, peer: str):
+        n, p = self.net.get(node), self.net.get(peer)
+        link = self.net.linksBetween(n, p)[0]
+        return link.intf1 if link.intf1.node is n else link.intf2
+
+    def egress(self, src: str, dst: str) -> tuple[str, int | None]:
+        """Interface whose egress qdisc shapes src->dst, and the pid of its namespace (None: root)."""
+        node = self.net.get(src)
+        return self._intf(src, dst).name, (node.pid if node.inNamespace else None)
+
+    def counter(self, src: str, dst: str) -> tuple[str, str]:
+        """A root-namespace interface and counter ('tx'|'rx') that count src->dst bytes."""
+        if not self.net.get(src).inNamespace:
+            return self._intf(src, dst).name, "tx"
+        return self._intf(dst, src).name, "rx"
+
+    def set_rate(self, link: tuple[str, str], bps: float) -> None:
+        dev, ns = self.egress(*link)
+        tc.run(tc.change_command(dev, bps), ns)
 
     # ------------------------------------------------------------------ roles
     def launch(self, host: str, role: str, argv: Sequence[str], log_dir: Path,
-               env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen:
-        """Start `argv` inside `host`'s namespace in its own session (so its group can be killed)."""
+               env: dict[str, str] | None = None, cwd: Path | None = None, aux: bool = False) -> subprocess.Popen:
+        """Start `argv` inside `host`'s namespace in its own session (so its group can be killed).
+
+        Roles (servers, workers) must all exit 0 for a run to succeed; `aux` processes (cross
+        traffic) are only torn down with the network."""
         out = open(log_dir / f"{role}.out", "wb")
         err = open(log_dir / f"{role}.err", "wb")
         self._logs += [out, err]
@@ -131,7 +152,7 @@ class Testbed:
         p = self.net.get(host).popen(list(argv), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                      cwd=str(cwd) if cwd else None, env=full_env)
         self.state.add_process("role", role, p.pid)
-        self.roles[role] = p
+        (self.aux if aux else self.roles)[role] = p
         return p
 
     # ------------------------------------------------------------------ teardown
@@ -139,7 +160,7 @@ class Testbed:
         # A second Ctrl-C must not interrupt the teardown half-way.
         old = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            for p in self.roles.values():
+            for p in list(self.roles.values()) + list(self.aux.values()):
                 if p.poll() is None:
                     kill_group(p.pid, start_time(p.pid))
                 try:

@@ -24,9 +24,12 @@ import yaml
 
 from emu.cleanup import StateDir
 from emu.config import Experiment
-from emu.monitor import LinkMonitor
+from emu.crosstraffic import CrossTraffic
+from emu.fidelity import verdict
+from emu.monitor import Monitor
 from emu.network import NetworkError, Testbed
 from emu.results import flatten, record_run, write_parquet, write_text
+from emu.shaping import Shaper
 from emu.topology import capacity_graph, graph_to_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +87,7 @@ def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path) -> list[tupl
         "workers": workers,
         "scheduler": {"name": exp.scheduler, "params": exp.scheduler_params},
         "workload": exp.workload,
-        "topology": graph_to_json(capacity_graph(exp.topology)),
+        "topology": graph_to_json(capacity_graph(exp.net)),
         "out_dir": str(out_dir),
         "connect_timeout_s": min(60.0, exp.timeout_s),
         "trace": exp.trace,
@@ -111,12 +114,15 @@ def _exit_reason(role: str, host: str, rc: int, log_dir: Path) -> str:
 
 
 def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, dict]], exp: Experiment, log_dir: Path,
-                    rec_dir: Path, progress: Callable[[int], None]) -> None:
+                    rec_dir: Path, progress: Callable[[int], None], background=()) -> None:
     deadline = time.monotonic() + exp.timeout_s
     workers_done_at = None
     host_of = {r: h for r, h, _ in roles}
     iterations = exp.workload["iterations"]
     while True:
+        for helper in background:
+            if helper.error is not None:
+                raise RunFailed(f"{type(helper).__name__.lower()}: {helper.error}")
         codes = {r: p.poll() for r, p in tb.roles.items()}
         if any(rc not in (None, 0) for rc in codes.values()):
             # One death makes its peers fail too; let them settle, then name the likely
@@ -191,31 +197,19 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
                            "reason": "", "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
                            **flatten(exp.resolved())}
     t0 = time.monotonic()
-    links = pd.DataFrame()
+    tables: dict[str, pd.DataFrame] = {}
     try:
-        with Testbed(exp.topology, state) as tb:
+        with Testbed(exp.net, state) as tb:
             row["bringup_s"] = tb.bringup_s
-            roles = role_specs(exp, {h.name: tb.ip(h.name) for h in exp.topology.hosts}, rec_dir)
-            monitor = LinkMonitor(_link_map(tb, exp)).start()
-            try:
-                env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",
-                       "OMP_NUM_THREADS": str(exp.workload["threads"])}
-                for role, host, spec in roles:
-                    path = spec_dir / f"{role}.json"
-                    path.write_text(json.dumps(spec, indent=1))
-                    module = "schedulers.server" if spec["role"] == "server" else "workloads.worker"
-                    tb.launch(host, role, [sys.executable, "-m", module, str(path)], log_dir, env=env, cwd=REPO)
-                _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress)
-            finally:
-                links = monitor.stop()
+            t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
         row["teardown_s"] = getattr(tb, "teardown_s", None)
         iters, summaries, events = _collect(rec_dir, len(exp.roles.workers))
-        iters.insert(0, "run_id", run_id)
-        write_parquet(iters, run_dir / "iterations.parquet")
-        if len(events):
-            events.insert(0, "run_id", run_id)
-            write_parquet(events, run_dir / "events.parquet")
+        tables["iterations"], tables["events"] = iters, events
         row.update(summarize(exp, iters, summaries))
+        # Judge fidelity over the measured iterations (start-up imports saturate the CPU
+        # while no gradient moves).
+        measured = iters[iters["iteration"] >= min(exp.workload["warmup"], exp.workload["iterations"] - 1)]
+        row.update(_net_summary(exp, tables, (measured["start"].min() - t0_wall, measured["end"].max() - t0_wall)))
         row["status"] = "ok"
     except RunFailed as e:
         row.update(status="failed", reason=str(e))
@@ -229,20 +223,61 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
         raise
     finally:
         row["wall_s"] = time.monotonic() - t0
-        if len(links):
-            links.insert(0, "run_id", run_id)
-            write_parquet(links, run_dir / "links.parquet")
+        if "links" in tables and "fidelity_ok" not in row:
+            row.update(_net_summary(exp, tables, None))
+        for name, df in tables.items():
+            if len(df):
+                write_parquet(df.assign(run_id=run_id)[["run_id", *df.columns]], run_dir / f"{name}.parquet")
         record_run(sweep_dir, row)
     return row
 
 
-def _link_map(tb: Testbed, exp: Experiment) -> dict[str, tuple[str, str, float]]:
-    out = {}
-    sw = exp.topology.switch
-    for h in exp.topology.hosts:
-        intf = tb.switch_intf(h.name).name
-        out[f"{h.name}->{sw}"] = (intf, "rx", h.bw_mbps * 1e6)
-        out[f"{sw}->{h.name}"] = (intf, "tx", h.bw_mbps * 1e6)
+def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.DataFrame], row: dict,
+             progress: Callable[[int], None]) -> float:
+    """Inside the network: monitors, shaping and cross traffic on, roles launched and awaited.
+    Returns the wall-clock time that the monitors' t = 0 stands for."""
+    log_dir, rec_dir, spec_dir = run_dir / "logs", run_dir / "records", run_dir / "roles"
+    directions = [(ln.a, ln.b, ln.ab_mbps) for ln in exp.net.links] + [(ln.b, ln.a, ln.ba_mbps) for ln in exp.net.links]
+    rates = {(a, b): mbps * 1e6 for a, b, mbps in directions}
+    monitor = Monitor(counters={f"{a}->{b}": tb.counter(a, b) for a, b, _ in directions},
+                      egress={f"{a}->{b}": tb.egress(a, b) for a, b, _ in directions},
+                      rates=rates, interval_s=exp.monitor.interval_s,
+                      qdisc_interval_s=exp.monitor.qdisc_interval_s).start()
+    shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates).start()
+    cross = CrossTraffic(exp.cross_traffic, exp.timeout_s, tb.ip,
+                         lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
+    try:
+        roles = role_specs(exp, {h: tb.ip(h) for h in exp.net.hosts}, rec_dir)
+        env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(exp.workload["threads"])}
+        for role, host, spec in roles:
+            path = spec_dir / f"{role}.json"
+            path.write_text(json.dumps(spec, indent=1))
+            module = "schedulers.server" if spec["role"] == "server" else "workloads.worker"
+            tb.launch(host, role, [sys.executable, "-m", module, str(path)], log_dir, env=env, cwd=REPO)
+        _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross))
+        return monitor.t0_wall
+    finally:
+        shaper.stop()
+        cross.stop()
+        tables["links"], tables["qdiscs"], tables["cpu"] = monitor.stop()
+        tables["shaping"] = pd.DataFrame(shaper.log, columns=["link", "planned_t", "actual_t", "rate_bps"])
+        row["cross_traffic"] = json.dumps(cross.summary()) if exp.cross_traffic else ""
+
+
+def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple[float, float] | None
+                 ) -> dict[str, Any]:
+    """The fidelity verdict (over `window` of monitor time, if given) and the shaper's timeliness."""
+    if "links" not in tables:
+        return {}
+
+    def cut(df: pd.DataFrame) -> pd.DataFrame:
+        return df if window is None or not len(df) else df[(df["t"] >= window[0]) & (df["t"] <= window[1])]
+
+    out = verdict(cut(tables["links"]), cut(tables["qdiscs"]), cut(tables["cpu"]), exp.fidelity,
+                  exp.monitor.interval_s)
+    sh = tables["shaping"]
+    out["shaping_changes"] = len(sh)
+    out["shaping_lag_max_s"] = float((sh["actual_t"] - sh["planned_t"]).max()) if len(sh) else None
     return out
 
 

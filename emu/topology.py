@@ -1,8 +1,8 @@
-"""Declarative topology: config -> Mininet `Topo` and capacity graph, no I/O.
+"""A resolved `NetSpec` as a Mininet `Topo` and as a capacity graph; no I/O.
 
 The capacity graph (a networkx DiGraph, one edge per link direction with `capacity` in
-bit/s) is what schedulers and analytic bounds see, so it is derived from the very same
-config that builds the Mininet network.
+bit/s) is what schedulers and analytic bounds see, so it comes from the very same
+`NetSpec` that builds the Mininet network.
 """
 from __future__ import annotations
 
@@ -11,32 +11,35 @@ from typing import Any
 import networkx as nx
 from mininet.topo import Topo
 
-from emu.config import StarTopology
+from emu.topospec import NetSpec
 
 
-class StarTopo(Topo):
-    """One switch; each host reaches it over its own link, shaped both ways to `bw_mbps`."""
+class SpecTopo(Topo):
+    """Hosts, switches and plain links; the testbed shapes every link itself (emu/tc.py)."""
 
-    def build(self, spec: StarTopology) -> None:  # type: ignore[override]
-        sw = self.addSwitch(spec.switch)
+    def build(self, spec: NetSpec) -> None:  # type: ignore[override]
         for h in spec.hosts:
-            self.addHost(h.name)
-            # TCLink shapes both ends: host->switch (up) and switch->host (down).
-            self.addLink(h.name, sw, bw=h.bw_mbps)
+            self.addHost(h)
+        for i, s in enumerate(spec.switches):
+            # Explicit dpid: Mininet derives one from digits in the name otherwise.
+            self.addSwitch(s, dpid=f"{i + 1:x}")
+        for ln in spec.links:
+            self.addLink(ln.a, ln.b)
 
 
-def mininet_topo(spec: StarTopology) -> Topo:
-    return StarTopo(spec=spec)
+def mininet_topo(spec: NetSpec) -> Topo:
+    return SpecTopo(spec=spec)
 
 
-def capacity_graph(spec: StarTopology) -> nx.DiGraph:
+def capacity_graph(spec: NetSpec) -> nx.DiGraph:
     g = nx.DiGraph()
-    g.add_node(spec.switch, kind="switch")
     for h in spec.hosts:
-        g.add_node(h.name, kind="host")
-        bps = h.bw_mbps * 1e6
-        g.add_edge(h.name, spec.switch, capacity=bps)
-        g.add_edge(spec.switch, h.name, capacity=bps)
+        g.add_node(h, kind="host")
+    for s in spec.switches:
+        g.add_node(s, kind="switch")
+    for ln in spec.links:
+        g.add_edge(ln.a, ln.b, capacity=ln.ab_mbps * 1e6)
+        g.add_edge(ln.b, ln.a, capacity=ln.ba_mbps * 1e6)
     return g
 
 

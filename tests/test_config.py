@@ -38,7 +38,7 @@ BAD = [
     (variant("topology.hosts.2.name", "w0"), "topology.hosts[2].name: host name 'w0' is used twice"),
     (variant("topology.hosts.0.colour", "red"), "topology.hosts[0].colour: unknown key"),
     (variant("bogus", 1), "bogus: unknown key"),
-    (variant("topology.kind", "ring"), "topology.kind: must be one of 'star', got 'ring'"),
+    (variant("topology.kind", "ring"), "topology.kind: unknown kind 'ring' (known: star, racks, graph)"),
     (variant("roles.workers.1", "w9"), "roles.workers[1]: 'w9' is not a host of the topology"),
     (variant("workload.iterations", 0), "workload.iterations: must be > 0"),
     (variant("workload.batch_size", 2.5), "workload.batch_size: must be an integer, got 2.5"),

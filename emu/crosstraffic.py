@@ -1,0 +1,111 @@
+"""Cross traffic: iperf3 flows between hosts that compete with the training's traffic.
+
+A flow runs from `src` to `dst` over TCP or UDP, from `start_s` to `stop_s` after the roles
+start (or to the end of the run), optionally capped at `rate_mbps`. Each flow gets its own
+iperf3 server port; both ends are launched as auxiliary processes of the testbed, so they
+are recorded and torn down with the network. What each flow achieved (iperf3's JSON) is
+summarised into the run.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from emu.topospec import NodeName
+
+BASE_PORT = 5201
+
+
+class Flow(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    src: NodeName
+    dst: NodeName
+    protocol: Literal["tcp", "udp"] = "tcp"
+    rate_mbps: float | None = Field(default=None, gt=0, description="cap; UDP needs one")
+    start_s: float = Field(default=0, ge=0)
+    stop_s: float | None = Field(default=None, gt=0)
+    parallel: int = Field(default=1, ge=1, le=32)
+
+    @model_validator(mode="after")
+    def _valid(self) -> "Flow":
+        if self.src == self.dst:
+            raise ValueError("dst: a flow needs two different hosts")
+        if self.protocol == "udp" and self.rate_mbps is None:
+            raise ValueError("rate_mbps: a UDP flow needs a rate (iperf3 would send 1 Mb/s)")
+        if self.stop_s is not None and self.stop_s <= self.start_s:
+            raise ValueError("stop_s: must be after start_s")
+        return self
+
+
+def client_argv(flow: Flow, dst_ip: str, port: int, duration_s: float) -> list[str]:
+    argv = ["iperf3", "-c", dst_ip, "-p", str(port), "-t", f"{max(duration_s, 1):.0f}", "-J",
+            "-P", str(flow.parallel), "--connect-timeout", "5000"]
+    if flow.protocol == "udp":
+        argv.append("-u")
+    if flow.rate_mbps is not None:
+        argv += ["-b", f"{flow.rate_mbps / flow.parallel:.6g}M"]
+    return argv
+
+
+def server_argv(port: int) -> list[str]:
+    return ["iperf3", "-s", "-p", str(port), "-1"]
+
+
+class CrossTraffic:
+    """Starts each flow at its time in a background thread; `summary()` reads the results."""
+
+    def __init__(self, flows: list[Flow], horizon_s: float, ip: Callable[[str], str],
+                 launch: Callable[[str, str, list[str]], None], log_dir: Path):
+        self.flows = flows
+        self.horizon_s = horizon_s
+        self.ip = ip
+        self.launch = launch
+        self.log_dir = log_dir
+        self.started: list[int] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cross-traffic", daemon=True)
+
+    def start(self) -> "CrossTraffic":
+        for i, f in enumerate(self.flows):
+            self.launch(f.dst, f"xserver{i}", server_argv(BASE_PORT + i))
+        self.t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            time.sleep(0.3)  # let the iperf3 servers bind
+            for i, f in sorted(enumerate(self.flows), key=lambda x: x[1].start_s):
+                if self._stop.wait(max(0.0, self.t0 + f.start_s - time.monotonic())):
+                    return
+                end = f.stop_s if f.stop_s is not None else self.horizon_s
+                self.launch(f.src, f"xflow{i}", client_argv(f, self.ip(f.dst), BASE_PORT + i, end - f.start_s))
+                self.started.append(i)
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def summary(self) -> list[dict]:
+        out = []
+        for i, f in enumerate(self.flows):
+            row = {"flow": i, "src": f.src, "dst": f.dst, "protocol": f.protocol, "started": i in self.started,
+                   "mbps": None}
+            try:
+                res = json.loads((self.log_dir / f"xflow{i}.out").read_text())
+                end = res.get("end", {})
+                s = end.get("sum_received") or end.get("sum") or {}
+                row["mbps"] = s.get("bits_per_second", 0) / 1e6 if s else None
+            except (OSError, ValueError):
+                pass
+            out.append(row)
+        return out

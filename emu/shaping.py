@@ -1,0 +1,231 @@
+"""Bandwidth over time: schedules in the config, and the thread that applies them.
+
+A schedule is piecewise constant. Kinds:
+- `steps`: [[t_s, mbps], ...];
+- `square`: periodic high/low with a duty cycle;
+- `onoff`: random ON/OFF periods, exponentially distributed, seeded;
+- `mahimahi`: a Mahimahi trace (one integer millisecond per line, each one 1500-byte
+  delivery opportunity), averaged over `window_ms` and looped like Mahimahi does;
+- `csv`: rows of `t_s,mbps` (a header line is allowed), optionally looped.
+
+A rate of 0 is an outage: it is allowed wherever the schedule is sure to come back
+(periodic, random, traces, or a later step), and applied as htb's minimum rate (8 bit/s).
+A `steps` schedule whose last rate is 0 would stall the run until its timeout, so it is
+refused. Changes are applied with `tc class change` (the queue is kept) and each is
+logged with its planned and actual time.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Callable, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+
+from emu.topospec import NodeName
+
+Points = list[tuple[float, float]]  # (t_s, mbps), piecewise constant from each t
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Steps(_Strict):
+    kind: Literal["steps"]
+    steps: list[tuple[float, float]] = Field(min_length=1)
+
+    @field_validator("steps")
+    @classmethod
+    def _valid(cls, steps: Points) -> Points:
+        for i, (t, r) in enumerate(steps):
+            if t < 0 or r < 0:
+                raise ValueError(f"[{i}]: time and rate must be >= 0")
+            if i and t <= steps[i - 1][0]:
+                raise ValueError(f"[{i}]: times must increase ({t:g} after {steps[i - 1][0]:g})")
+        if steps[-1][1] == 0:
+            raise ValueError(f"[{len(steps) - 1}]: a final rate of 0 would stall the run until its timeout")
+        return steps
+
+    def points(self, horizon_s: float) -> Points:
+        return [(t, r) for t, r in self.steps if t <= horizon_s]
+
+
+class Square(_Strict):
+    kind: Literal["square"]
+    period_s: float = Field(gt=0)
+    high_mbps: float = Field(gt=0)
+    low_mbps: float = Field(ge=0)
+    duty: float = Field(default=0.5, gt=0, lt=1, description="fraction of each period at high_mbps")
+
+    def points(self, horizon_s: float) -> Points:
+        out, t = [], 0.0
+        while t <= horizon_s:
+            out += [(t, self.high_mbps), (t + self.duty * self.period_s, self.low_mbps)]
+            t += self.period_s
+        return [p for p in out if p[0] <= horizon_s]
+
+
+class OnOff(_Strict):
+    kind: Literal["onoff"]
+    on_mbps: float = Field(gt=0)
+    off_mbps: float = Field(ge=0)
+    mean_on_s: float = Field(gt=0)
+    mean_off_s: float = Field(gt=0)
+    seed: int = 0
+
+    def points(self, horizon_s: float) -> Points:
+        rng = random.Random(self.seed)
+        out, t, on = [], 0.0, True
+        while t <= horizon_s:
+            out.append((t, self.on_mbps if on else self.off_mbps))
+            t += rng.expovariate(1 / (self.mean_on_s if on else self.mean_off_s))
+            on = not on
+        return out
+
+
+class _TraceFile(_Strict):
+    file: str
+    _points: Points = PrivateAttr(default_factory=list)
+    _period: float = PrivateAttr(default=0.0)
+    sha256: str = ""
+
+    @model_validator(mode="after")
+    def _load(self, info: ValidationInfo) -> "_TraceFile":
+        base = Path((info.context or {}).get("base_dir", "."))
+        path = Path(self.file) if Path(self.file).is_absolute() else base / self.file
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise ValueError(f"file: cannot read {path}: {e.strerror or e}") from None
+        pts, period = self._parse(data.decode(errors="replace"))
+        object.__setattr__(self, "sha256", hashlib.sha256(data).hexdigest()[:16])
+        self._points, self._period = pts, period
+        return self
+
+    def _parse(self, text: str) -> tuple[Points, float]:
+        raise NotImplementedError
+
+    def points(self, horizon_s: float) -> Points:
+        if not self._period:
+            return [p for p in self._points if p[0] <= horizon_s]
+        out, base = [], 0.0
+        while base <= horizon_s:
+            out += [(base + t, r) for t, r in self._points if base + t <= horizon_s]
+            base += self._period
+        return out
+
+
+class Mahimahi(_TraceFile):
+    kind: Literal["mahimahi"]
+    window_ms: int = Field(default=100, ge=1, description="averaging window of delivery opportunities")
+
+    def _parse(self, text: str) -> tuple[Points, float]:
+        stamps = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                ms = int(line)
+            except ValueError:
+                raise ValueError(f"file: line {n}: {line.strip()[:20]!r} is not an integer millisecond") from None
+            if ms < 0 or (stamps and ms < stamps[-1]):
+                raise ValueError(f"file: line {n}: timestamps must not decrease ({ms} after {stamps[-1]})"
+                                 if stamps else f"file: line {n}: negative timestamp")
+            stamps.append(ms)
+        if not stamps:
+            raise ValueError("file: the trace is empty")
+        period_ms = max(stamps[-1], 1)
+        nwin = math.ceil(period_ms / self.window_ms)
+        counts = [0] * nwin
+        for ms in stamps:
+            counts[min(ms // self.window_ms, nwin - 1) if ms < period_ms else nwin - 1] += 1
+        per = 1500 * 8 / (self.window_ms / 1000) / 1e6  # Mb/s per opportunity per window
+        return [(k * self.window_ms / 1000, c * per) for k, c in enumerate(counts)], period_ms / 1000
+
+
+class CsvTrace(_TraceFile):
+    kind: Literal["csv"]
+    loop: bool = False
+
+    def _parse(self, text: str) -> tuple[Points, float]:
+        pts: Points = []
+        for n, row in enumerate(csv.reader(text.splitlines()), 1):
+            if not row or not "".join(row).strip():
+                continue
+            try:
+                t, r = float(row[0]), float(row[1])
+            except (ValueError, IndexError):
+                if n == 1:
+                    continue  # header
+                raise ValueError(f"file: line {n}: expected t_s,mbps, got {','.join(row)[:40]!r}") from None
+            if t < 0 or r < 0:
+                raise ValueError(f"file: line {n}: time and rate must be >= 0")
+            if pts and t <= pts[-1][0]:
+                raise ValueError(f"file: line {n}: times must increase ({t:g} after {pts[-1][0]:g})")
+            pts.append((t, r))
+        if not pts:
+            raise ValueError("file: the trace is empty")
+        if not self.loop and pts[-1][1] == 0:
+            raise ValueError("file: a final rate of 0 would stall the run until its timeout (or set loop: true)")
+        period = 0.0
+        if self.loop:
+            step = pts[-1][0] - pts[-2][0] if len(pts) > 1 else 1.0
+            period = pts[-1][0] + step
+        return pts, period
+
+
+Schedule = Annotated[Union[Steps, Square, OnOff, Mahimahi, CsvTrace], Field(discriminator="kind")]
+
+
+class LinkShaping(_Strict):
+    link: tuple[NodeName, NodeName] = Field(description="direction: traffic from the first to the second")
+    schedule: Schedule
+
+
+# ---------------------------------------------------------------------------- runtime
+
+class Shaper:
+    """Applies every link's schedule on time, in one thread, and logs what it did.
+
+    `apply(link, bps)` does the actual change (the testbed's `tc class change`); `rates`
+    holds the rate now configured on each link, for the monitor and the fidelity check.
+    """
+
+    def __init__(self, shaping: list[LinkShaping], horizon_s: float,
+                 apply: Callable[[tuple[str, str], float], None], rates: dict[tuple[str, str], float]):
+        self.events = sorted((t, tuple(s.link), r * 1e6) for s in shaping for t, r in s.schedule.points(horizon_s))
+        self.apply = apply
+        self.rates = rates
+        self.log: list[dict] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shaper", daemon=True)
+
+    def start(self) -> "Shaper":
+        self.t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for planned, link, bps in self.events:
+                if self._stop.wait(max(0.0, self.t0 + planned - time.monotonic())):
+                    return
+                if self.rates.get(link) == bps:
+                    continue
+                self.apply(link, bps)
+                self.rates[link] = bps
+                self.log.append({"link": f"{link[0]}->{link[1]}", "planned_t": planned,
+                                 "actual_t": time.monotonic() - self.t0, "rate_bps": bps})
+        except BaseException as e:  # noqa: BLE001 - reported by the runner
+            self.error = e
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)

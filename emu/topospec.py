@@ -1,0 +1,284 @@
+"""Topology section of the config: three declarative kinds resolved to one `NetSpec`.
+
+- `star`: one switch, a link per host; a rate per host, optionally separate up/down rates;
+  hosts listed one by one or generated (`count`), with an optional heterogeneity
+  generator so a sweep can vary heterogeneity as one number.
+- `racks`: R racks of H hosts, a top-of-rack switch each, rack uplinks to one core switch
+  with an oversubscription ratio.
+- `graph`: any nodes and links, a rate per direction.
+
+Everything resolves to a `NetSpec` (hosts, switches, directed link rates), which is all
+that building the network, the capacity graph and the bounds ever look at. Bridged
+Ethernet (LinuxBridge, no STP) floods forever around a loop, so the switch graph must be
+a tree and each host hangs off exactly one switch; both are checked here.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Annotated, Literal, Union
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9]{0,9}$")]
+Mbps = Annotated[float, Field(gt=0, le=100_000)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinkOptions(_Strict):
+    """Per-link options beyond rate. Delay and loss need the kernel's netem qdisc."""
+
+    delay_ms: float | None = Field(default=None, ge=0)
+    loss_pct: float | None = Field(default=None, ge=0, le=100)
+    queue_pkts: int | None = Field(default=None, gt=0, description="leaf queue length in packets")
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    a: str
+    b: str
+    ab_mbps: float            # rate a -> b (egress of a's interface)
+    ba_mbps: float            # rate b -> a
+    delay_ms: float | None = None
+    loss_pct: float | None = None
+    queue_pkts: int | None = None
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    hosts: list[str]
+    switches: list[str]
+    links: list[LinkSpec] = field(default_factory=list)
+
+    def rate(self, src: str, dst: str) -> float | None:
+        """Configured Mb/s of the direction src -> dst, None if there is no such link."""
+        for ln in self.links:
+            if (ln.a, ln.b) == (src, dst):
+                return ln.ab_mbps
+            if (ln.b, ln.a) == (src, dst):
+                return ln.ba_mbps
+        return None
+
+    def needs_netem(self) -> list[int]:
+        return [i for i, ln in enumerate(self.links) if ln.delay_ms or ln.loss_pct]
+
+
+# ---------------------------------------------------------------------------- star
+
+class SlowHosts(_Strict):
+    """`count` hosts at `factor` times the rate (chosen last-first, or at random with seed)."""
+
+    kind: Literal["slow"]
+    count: int = Field(ge=0)
+    factor: float = Field(gt=0, le=1, default=0.1)
+    pick: Literal["last", "random"] = "last"
+    seed: int = 0
+
+
+class LogNormal(_Strict):
+    """Rates multiplied by exp(sigma*Z - sigma^2/2), Z ~ N(0,1) seeded: mean-preserving,
+    sigma = 0 is homogeneous, so sigma is the one heterogeneity knob of a sweep."""
+
+    kind: Literal["lognormal"]
+    sigma: float = Field(ge=0, le=3)
+    seed: int = 0
+
+
+Heterogeneity = Annotated[Union[SlowHosts, LogNormal], Field(discriminator="kind")]
+
+
+class StarHost(_Strict):
+    name: NodeName
+    bw_mbps: Mbps | None = None
+    up_mbps: Mbps | None = Field(default=None, description="host -> switch")
+    down_mbps: Mbps | None = Field(default=None, description="switch -> host")
+
+    @model_validator(mode="after")
+    def _rates(self) -> "StarHost":
+        if self.bw_mbps is None and (self.up_mbps is None or self.down_mbps is None):
+            raise ValueError("give bw_mbps, or both up_mbps and down_mbps")
+        return self
+
+    @property
+    def up(self) -> float:
+        return self.up_mbps if self.up_mbps is not None else self.bw_mbps
+
+    @property
+    def down(self) -> float:
+        return self.down_mbps if self.down_mbps is not None else self.bw_mbps
+
+
+class StarTopology(LinkOptions):
+    kind: Literal["star"]
+    switch: NodeName = "s1"
+    hosts: list[StarHost] | None = None
+    count: int | None = Field(default=None, ge=2, le=256, description="generate hosts h0..h{count-1}")
+    bw_mbps: Mbps | None = Field(default=None, description="rate of generated hosts")
+    heterogeneity: Heterogeneity | None = None
+    keep: list[NodeName] = Field(default_factory=list, description="hosts the generator leaves alone")
+
+    @model_validator(mode="after")
+    def _hosts(self) -> "StarTopology":
+        if (self.hosts is None) == (self.count is None):
+            raise ValueError("give either hosts (a list) or count (with bw_mbps)")
+        if self.count is not None and self.bw_mbps is None:
+            raise ValueError("count needs bw_mbps, the rate of the generated hosts")
+        if self.hosts is not None:
+            if len(self.hosts) < 2:
+                raise ValueError("hosts: must have at least 2 item(s)")
+            seen: set[str] = set()
+            for i, h in enumerate(self.hosts):
+                if h.name in seen:
+                    raise ValueError(f"hosts[{i}].name: host name {h.name!r} is used twice")
+                if h.name == self.switch:
+                    raise ValueError(f"hosts[{i}].name: {h.name!r} is the switch's name")
+                seen.add(h.name)
+        return self
+
+    def host_list(self) -> list[StarHost]:
+        hosts = list(self.hosts) if self.hosts is not None else [
+            StarHost(name=f"h{i}", bw_mbps=self.bw_mbps) for i in range(self.count)]
+        return _apply_heterogeneity(hosts, self.heterogeneity, set(self.keep))
+
+    def resolve(self) -> NetSpec:
+        hosts = self.host_list()
+        opts = dict(delay_ms=self.delay_ms, loss_pct=self.loss_pct, queue_pkts=self.queue_pkts)
+        return NetSpec(hosts=[h.name for h in hosts], switches=[self.switch],
+                       links=[LinkSpec(h.name, self.switch, h.up, h.down, **opts) for h in hosts])
+
+
+def _apply_heterogeneity(hosts: list[StarHost], het, keep: set[str]) -> list[StarHost]:
+    if het is None:
+        return hosts
+    idx = [i for i, h in enumerate(hosts) if h.name not in keep]
+    factors = {i: 1.0 for i in idx}
+    if isinstance(het, SlowHosts):
+        if het.count > len(idx):
+            raise ValueError(f"heterogeneity.count: {het.count} slow hosts, but only {len(idx)} hosts to slow down")
+        chosen = idx[len(idx) - het.count:] if het.pick == "last" else random.Random(het.seed).sample(idx, het.count)
+        for i in chosen:
+            factors[i] = het.factor
+    else:
+        rng = random.Random(het.seed)
+        for i in idx:
+            factors[i] = math.exp(het.sigma * rng.gauss(0, 1) - het.sigma ** 2 / 2)
+    out = []
+    for i, h in enumerate(hosts):
+        f = factors.get(i, 1.0)
+        out.append(h if f == 1.0 else StarHost(name=h.name, up_mbps=_clip(h.up * f), down_mbps=_clip(h.down * f)))
+    return out
+
+
+def _clip(mbps: float) -> float:
+    return round(min(max(mbps, 0.01), 100_000), 3)
+
+
+# ---------------------------------------------------------------------------- racks
+
+class RacksTopology(LinkOptions):
+    """Hosts r{i}h{j}; top-of-rack switches s1..sR; core switch s0."""
+
+    kind: Literal["racks"]
+    racks: int = Field(ge=1, le=16)
+    hosts_per_rack: int = Field(ge=1, le=64)
+    host_bw_mbps: Mbps
+    oversubscription: float = Field(default=1.0, ge=1, description="rack hosts' rate / uplink rate")
+
+    def resolve(self) -> NetSpec:
+        opts = dict(delay_ms=self.delay_ms, loss_pct=self.loss_pct, queue_pkts=self.queue_pkts)
+        uplink = _clip(self.hosts_per_rack * self.host_bw_mbps / self.oversubscription)
+        hosts, links = [], []
+        for r in range(self.racks):
+            tor = f"s{r + 1}"
+            for j in range(self.hosts_per_rack):
+                h = f"r{r}h{j}"
+                hosts.append(h)
+                links.append(LinkSpec(h, tor, self.host_bw_mbps, self.host_bw_mbps, **opts))
+            if self.racks > 1:
+                links.append(LinkSpec(tor, "s0", uplink, uplink, **opts))
+        switches = [f"s{r + 1}" for r in range(self.racks)] + (["s0"] if self.racks > 1 else [])
+        return NetSpec(hosts=hosts, switches=switches, links=links)
+
+
+# ---------------------------------------------------------------------------- graph
+
+class GraphNode(_Strict):
+    name: NodeName
+    kind: Literal["host", "switch"]
+
+
+class GraphLink(LinkOptions):
+    a: NodeName
+    b: NodeName
+    bw_mbps: Mbps | None = None
+    ab_mbps: Mbps | None = Field(default=None, description="a -> b")
+    ba_mbps: Mbps | None = Field(default=None, description="b -> a")
+
+    @model_validator(mode="after")
+    def _rates(self) -> "GraphLink":
+        if self.bw_mbps is None and (self.ab_mbps is None or self.ba_mbps is None):
+            raise ValueError("give bw_mbps, or both ab_mbps and ba_mbps")
+        return self
+
+
+class GraphTopology(_Strict):
+    kind: Literal["graph"]
+    nodes: list[GraphNode] = Field(min_length=2)
+    links: list[GraphLink] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _valid(self) -> "GraphTopology":
+        kinds: dict[str, str] = {}
+        for i, n in enumerate(self.nodes):
+            if n.name in kinds:
+                raise ValueError(f"nodes[{i}].name: node name {n.name!r} is used twice")
+            kinds[n.name] = n.kind
+        g = nx.Graph()
+        g.add_nodes_from(kinds)
+        for i, ln in enumerate(self.links):
+            for end in ("a", "b"):
+                if getattr(ln, end) not in kinds:
+                    raise ValueError(f"links[{i}].{end}: unknown node {getattr(ln, end)!r}")
+            if ln.a == ln.b:
+                raise ValueError(f"links[{i}]: a link from {ln.a!r} to itself")
+            if g.has_edge(ln.a, ln.b):
+                raise ValueError(f"links[{i}]: a second link between {ln.a!r} and {ln.b!r}")
+            if kinds[ln.a] == kinds[ln.b] == "host":
+                raise ValueError(f"links[{i}]: hosts {ln.a!r} and {ln.b!r} must connect through a switch")
+            g.add_edge(ln.a, ln.b)
+        if not nx.is_connected(g):
+            parts = sorted((sorted(c) for c in nx.connected_components(g)), key=len)
+            raise ValueError(f"links: the graph is disconnected: {', '.join(parts[0])} cannot reach "
+                             f"{', '.join(parts[-1][:4])}{'...' if len(parts[-1]) > 4 else ''}")
+        for name, kind in kinds.items():
+            if kind == "host" and g.degree(name) != 1:
+                raise ValueError(f"nodes: host {name!r} has {g.degree(name)} links; a host attaches to exactly "
+                                 f"one switch")
+        switches = g.subgraph([n for n, k in kinds.items() if k == "switch"])
+        try:
+            cycle = nx.find_cycle(switches)
+            raise ValueError(f"links: switches form a loop ({' - '.join(a for a, _ in cycle)}); bridged "
+                             f"Ethernet without STP needs a tree")
+        except nx.NetworkXNoCycle:
+            pass
+        if sum(1 for k in kinds.values() if k == "host") < 2:
+            raise ValueError("nodes: need at least 2 hosts")
+        return self
+
+    def resolve(self) -> NetSpec:
+        links = []
+        for ln in self.links:
+            ab = ln.ab_mbps if ln.ab_mbps is not None else ln.bw_mbps
+            ba = ln.ba_mbps if ln.ba_mbps is not None else ln.bw_mbps
+            links.append(LinkSpec(ln.a, ln.b, ab, ba, ln.delay_ms, ln.loss_pct, ln.queue_pkts))
+        return NetSpec(hosts=[n.name for n in self.nodes if n.kind == "host"],
+                       switches=[n.name for n in self.nodes if n.kind == "switch"], links=links)
+
+
+Topology = Annotated[Union[StarTopology, RacksTopology, GraphTopology], Field(discriminator="kind")]
+TOPOLOGY_KINDS = ("star", "racks", "graph")
