@@ -105,6 +105,14 @@ def test(c, k=None, x=False):
     os.execv(sys.executable, args)
 
 
+@task
+def doctor(c):
+    """Print what this machine can emulate: qdiscs, switches, cgroup controllers, tools."""
+    from emu.capabilities import report
+
+    print(report())
+
+
 @task(help={"force": "also tear down runs whose orchestrator is still alive (a hung run)"})
 def clean(c, force=False):
     """Remove leftover Mininet interfaces and role processes that this harness started."""

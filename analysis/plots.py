@@ -1,7 +1,6 @@
 """Figures from tidy results. Reads only files (runs.parquet and per-run tables)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -44,10 +43,10 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[
     ax2.legend(["compute", "waiting for gradients"], fontsize=8, loc="lower right")
 
     first = runs.iloc[0]
-    links = ", ".join(f"{h['name']} {h['bw_mbps']:g}" for h in json.loads(first["topology.hosts"]))
     fig.suptitle(f"{first['sweep']}: {first['workload.model']} ({first['workload.preset']}, "
                  f"{first['num_params'] / 1e3:.0f}k params), {runs['num_workers'].iloc[0]} workers, "
-                 f"{first['compute_mode']} compute, star links (Mb/s): {links}; warm-up excluded", fontsize=9.5)
+                 f"{first['compute_mode']} compute; {first['topology.kind']}: {first['network']}; "
+                 f"warm-up excluded", fontsize=9)
     fig.tight_layout()
     out = out or sweep_dir / "iteration_time.png"
     fig.savefig(out, dpi=130)

@@ -203,13 +203,20 @@ def _path(prefix: str, loc: tuple) -> str:
 
 _SUBPATH = re.compile(r"^((?:\[\d+\]|\.?[A-Za-z_][\w]*)(?:\[\d+\]|\.[A-Za-z_]\w*)*): (.*)$", re.S)
 _TAGS = set(TOPOLOGY_KINDS) | {"steps", "square", "onoff", "mahimahi", "csv", "slow", "lognormal"}
+_UNIONS = {"topology", "schedule", "heterogeneity"}  # fields whose value is a tagged union
 
 
 def describe(err: ValidationError, prefix: str = "") -> str:
     """First error of a ValidationError as `field.path: reason`."""
     e = err.errors()[0]
     # Tagged unions put the tag in loc (topology.star.hosts...); it adds nothing for the user.
-    loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p in _TAGS or p.startswith("function-"))))
+    loc: tuple = ()
+    raw = e["loc"]
+    for i, p in enumerate(raw):
+        is_tag = isinstance(p, str) and p in _TAGS and i and raw[i - 1] in _UNIONS
+        if isinstance(p, str) and p.startswith("function-") or is_tag:
+            continue
+        loc += (p,)
     if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
         tag = e["ctx"]["discriminator"].strip("'")
         known = e["ctx"].get("expected_tags", "")

@@ -52,6 +52,8 @@ class RecordedBridge(_Recorded, LinuxBridge):
 
 
 class Testbed:
+    __test__ = False  # not a pytest class, despite the name
+
     def __init__(self, spec: NetSpec, state: StateDir):
         self.spec = spec
         self.state = state

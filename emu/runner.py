@@ -195,7 +195,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
 
     row: dict[str, Any] = {"run_id": run_id, "sweep": exp.name, "repeat": repeat, "status": "running",
                            "reason": "", "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-                           **flatten(exp.resolved())}
+                           "network": exp.net.describe(), **flatten(exp.resolved())}
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:

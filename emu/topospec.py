@@ -64,6 +64,15 @@ class NetSpec:
                 return ln.ba_mbps
         return None
 
+    def describe(self, limit: int = 8) -> str:
+        """Short text for plots and tables: 'w0 40/20, w1 20' (Mb/s; up/down where they differ)."""
+        parts = []
+        for ln in self.links[:limit]:
+            rate = f"{ln.ab_mbps:g}" if ln.ab_mbps == ln.ba_mbps else f"{ln.ab_mbps:g}/{ln.ba_mbps:g}"
+            parts.append(f"{ln.a}-{ln.b} {rate}")
+        more = f", +{len(self.links) - limit} links" if len(self.links) > limit else ""
+        return ", ".join(parts) + more + " Mb/s"
+
     def needs_netem(self) -> list[int]:
         return [i for i, ln in enumerate(self.links) if ln.delay_ms or ln.loss_pct]
 

@@ -7,6 +7,8 @@ import pytest
 import yaml
 
 from emu.config import ConfigError, load_plan, set_dotted
+from schedulers import registry
+from workloads.config import MODELS
 from tasks import _sections
 from tests.conftest import REPO, invoke
 
@@ -42,9 +44,9 @@ BAD = [
     (variant("roles.workers.1", "w9"), "roles.workers[1]: 'w9' is not a host of the topology"),
     (variant("workload.iterations", 0), "workload.iterations: must be > 0"),
     (variant("workload.batch_size", 2.5), "workload.batch_size: must be an integer, got 2.5"),
-    (variant("workload.model", "gpt9"), "workload.model: must be one of 'cnn', got 'gpt9'"),
+    (variant("workload.model", "gpt9"), "workload.model: must be one of {models}, got 'gpt9'"),
     (variant("workload.lr_typo", 1), "workload.lr_typo: unknown key"),
-    (variant("scheduler", "magic"), "scheduler: unknown scheduler 'magic' (known: bytescheduler, fifo)"),
+    (variant("scheduler", "magic"), "scheduler: unknown scheduler 'magic' (known: {schedulers})"),
     (variant("schedulers.bytescheduler.credit_numel", -1), "schedulers.bytescheduler.credit_numel: must be > 0"),
     (variant("schedulers.fifo.window", 3), "schedulers.fifo.window: unknown key"),
     (variant("grid", {"scheduler": []}), "grid.scheduler: must be a non-empty list of values"),
@@ -59,7 +61,10 @@ BAD = [
 def test_bad_config_names_the_field(tmp_path, cfg, message):
     with pytest.raises(ConfigError) as e:
         load_plan(write(tmp_path, cfg), _sections())
-    assert str(e.value) == message
+    # The lists of known models and schedulers grow; the message must list them all.
+    names = [repr(m) for m in MODELS]
+    models = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+    assert str(e.value) == message.format(models=models, schedulers=", ".join(sorted(registry.SCHEDULERS)))
 
 
 def test_missing_file(tmp_path):

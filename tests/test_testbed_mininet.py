@@ -1,0 +1,121 @@
+"""The testbed on real Mininet links: rates per topology kind, schedules, cross traffic.
+
+Rates are judged against iperf3's goodput ceiling through htb on this machine (0.95 of
+the configured rate, see DESIGN.md): within 10% of it.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from emu import tc
+from emu.cleanup import StateDir
+from emu.crosstraffic import CrossTraffic, Flow
+from emu.monitor import Monitor
+from emu.network import Testbed
+from emu.probe import iperf
+from emu.shaping import LinkShaping, Shaper
+from emu.topospec import GraphTopology, RacksTopology, StarTopology
+from tests.conftest import needs_root
+
+pytestmark = needs_root
+CEILING = 0.95  # iperf3 goodput / configured rate through htb here
+
+
+@pytest.fixture
+def state(tmp_path):
+    s = StateDir(root=tmp_path / "state").open()
+    yield s
+    s.teardown()
+    s.remove()
+
+
+def within(measured: float, configured: float) -> bool:
+    return abs(measured - CEILING * configured) <= 0.10 * CEILING * configured
+
+
+def test_star_up_and_down_rates(tmp_path, state, no_leftovers):
+    spec = StarTopology.model_validate({"kind": "star", "hosts": [
+        {"name": "a", "up_mbps": 40, "down_mbps": 80}, {"name": "b", "bw_mbps": 100}]}).resolve()
+    with Testbed(spec, state) as tb:
+        up = iperf(tb, "a", "b", tmp_path, seconds=2)
+        down = iperf(tb, "b", "a", tmp_path, seconds=2)
+    assert within(up, 40), up
+    assert within(down, 80), down
+
+
+def test_racks_oversubscribed_uplink(tmp_path, state, no_leftovers):
+    # 2 racks x 2 hosts at 50 Mb/s, oversubscription 2: uplinks at 50 Mb/s.
+    spec = RacksTopology.model_validate({"kind": "racks", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 50,
+                                         "oversubscription": 4}).resolve()
+    assert spec.rate("s1", "s0") == 25
+    with Testbed(spec, state) as tb:
+        in_rack = iperf(tb, "r0h0", "r0h1", tmp_path, seconds=2)
+        across = iperf(tb, "r0h0", "r1h0", tmp_path, seconds=2)
+    assert within(in_rack, 50), in_rack
+    assert within(across, 25), across
+
+
+def test_graph_per_direction_rates(tmp_path, state, no_leftovers):
+    spec = GraphTopology.model_validate({"kind": "graph", "nodes": [
+        {"name": "a", "kind": "host"}, {"name": "b", "kind": "host"},
+        {"name": "s1", "kind": "switch"}, {"name": "s2", "kind": "switch"}], "links": [
+        {"a": "a", "b": "s1", "bw_mbps": 100}, {"a": "s1", "b": "s2", "ab_mbps": 30, "ba_mbps": 60},
+        {"a": "s2", "b": "b", "bw_mbps": 100}]}).resolve()
+    with Testbed(spec, state) as tb:
+        ab = iperf(tb, "a", "b", tmp_path, seconds=2)
+        ba = iperf(tb, "b", "a", tmp_path, seconds=2)
+    assert within(ab, 30), ab
+    assert within(ba, 60), ba
+
+
+def test_rates_above_1000_mbps_are_configured(state, no_leftovers):
+    spec = StarTopology.model_validate({"kind": "star", "hosts": [
+        {"name": "a", "bw_mbps": 2500}, {"name": "b", "bw_mbps": 10000}]}).resolve()
+    with Testbed(spec, state) as tb:
+        for src, dst, mbps in (("a", "s1", 2500), ("s1", "b", 10000)):
+            dev, ns = tb.egress(src, dst)
+            assert tc.class_rate(dev, ns) == mbps * 1e6
+
+
+def test_step_schedule_on_time_and_effective(tmp_path, state, no_leftovers):
+    spec = StarTopology.model_validate({"kind": "star", "hosts": [
+        {"name": "a", "bw_mbps": 100}, {"name": "b", "bw_mbps": 100}]}).resolve()
+    sched = [LinkShaping.model_validate({"link": ["a", "s1"], "schedule": {
+        "kind": "steps", "steps": [[0, 100], [1.5, 20], [3.0, 60]]}})]
+    with Testbed(spec, state) as tb:
+        rates = {(a, b): 100e6 for a, b in (("a", "s1"), ("s1", "a"), ("b", "s1"), ("s1", "b"))}
+        mon = Monitor({"a->s1": tb.counter("a", "s1")}, {}, rates).start()
+        shaper = Shaper(sched, 10, tb.set_rate, rates).start()
+        iperf(tb, "a", "b", tmp_path, seconds=4.5)
+        shaper.stop()
+        links, _, _ = mon.stop()
+        assert tc.class_rate(*tb.egress("a", "s1")) == 60e6
+    assert shaper.error is None
+    assert [e["rate_bps"] for e in shaper.log] == [20e6, 60e6]
+    for e in shaper.log:
+        assert 0 <= e["actual_t"] - e["planned_t"] < 0.1, e
+    # What went through follows the steps (counters at 10 Hz; skip 0.3 s after each step).
+    mid = links[(links["t"] > 1.8) & (links["t"] < 2.9)]["tx_bytes_per_s"].mean() * 8
+    late = links[(links["t"] > 3.3) & (links["t"] < 4.3)]["tx_bytes_per_s"].mean() * 8
+    assert 0.85 * 20e6 < mid < 1.05 * 20e6, mid
+    assert 0.85 * 60e6 < late < 1.05 * 60e6, late
+
+
+def test_cross_traffic_takes_its_share(tmp_path, state, no_leftovers):
+    spec = StarTopology.model_validate({"kind": "star", "hosts": [
+        {"name": "w", "bw_mbps": 40}, {"name": "ps", "bw_mbps": 100}, {"name": "x", "bw_mbps": 100}]}).resolve()
+    with Testbed(spec, state) as tb:
+        cross = CrossTraffic([Flow(src="x", dst="w", start_s=0, stop_s=4)], 10, tb.ip,
+                             lambda h, n, argv: tb.launch(h, n, argv, tmp_path, aux=True), tmp_path).start()
+        time.sleep(0.6)
+        ours = iperf(tb, "ps", "w", tmp_path, seconds=3)
+        for p in tb.aux.values():
+            p.wait(10)
+        cross.stop()
+    theirs = cross.summary()[0]["mbps"]
+    # Two TCP flows into one 40 Mb/s downlink: each near half, together near the ceiling.
+    assert 0.25 * 40 < ours < 0.75 * 40, (ours, theirs)
+    assert theirs is not None and theirs > 0.2 * 40, (ours, theirs)
+    assert ours + theirs > 0.8 * CEILING * 40, (ours, theirs)
