@@ -7,8 +7,10 @@ orchestrator dies (kill -9), `./inv clean` finishes the job from the same record
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import sys
 import subprocess
 import time
 from functools import partial
@@ -71,7 +73,26 @@ class Testbed:
             raise
         return self
 
+    def _lock(self) -> None:
+        """One emulated network per machine at a time: interface names would collide, and
+        two runs would share the CPU. A second run waits here; the lock dies with its holder."""
+        path = self.state.path.parent / "network.lock"
+        self._lockf = open(path, "a+")
+        try:
+            fcntl.flock(self._lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lockf.seek(0)
+            holder = self._lockf.read().strip() or "?"
+            print(f"waiting for the run of orchestrator {holder} to release the network ({path})",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(self._lockf, fcntl.LOCK_EX)
+        self._lockf.seek(0)
+        self._lockf.truncate()
+        self._lockf.write(str(os.getpid()))
+        self._lockf.flush()
+
     def _start(self) -> None:
+        self._lock()
         setLogLevel("critical")
         topo = mininet_topo(self.spec)
         # Mininet names interfaces <node>-eth<port>: record every name before it exists,
@@ -180,5 +201,7 @@ class Testbed:
                 self.teardown_s = time.monotonic() - t0
             self.state.teardown()
             self.state.clear()
+            if getattr(self, "_lockf", None) is not None:
+                self._lockf.close()  # releases the network lock
         finally:
             signal.signal(signal.SIGINT, old)
