@@ -125,3 +125,9 @@ def test_demo_config_is_valid():
     assert {e.scheduler for e in plan.experiments} == {"fifo", "bytescheduler"}
     rates = [h.bw_mbps for h in plan.experiments[0].topology.hosts]
     assert len(set(rates)) == len(rates), "the demo's links must differ per host"
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(REPO) for p in (REPO / "configs").rglob("*.yaml")), ids=str)
+def test_every_shipped_config_is_valid(path):
+    plan = load_plan(REPO / path, _sections())
+    assert plan.experiments

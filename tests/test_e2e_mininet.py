@@ -158,3 +158,22 @@ def test_kill_9_then_clean_removes_everything(tmp_path, no_leftovers):
     # that nothing at all is left.
     assert "removed link s1" in r.stdout, r.stdout
     assert not (Path("/run/schedlab") / str(proc.pid)).exists()
+
+
+def test_time_varying_shaping_and_cross_traffic_run(tmp_path, no_leftovers):
+    """The shipped time-varying example, shortened, plus a cross flow: every table and verdict is there."""
+    results = tmp_path / "results"
+    r = invoke("run", str(Path(__file__).parents[1] / "configs" / "examples" / "time_varying.yaml"),
+               "--results", str(results), "--set", "workload.iterations=12", "--set", "workload.preset=tiny",
+               "--set", "cross_traffic=[{src: ps, dst: w0, start_s: 0.5, stop_s: 3}]")
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = pd.read_parquet(results / "time-varying" / "runs.parquet").iloc[0]
+    run_dir = results / "time-varying" / row["run_id"]
+    shaping = pd.read_parquet(run_dir / "shaping.parquet")
+    assert set(shaping["link"]) >= {"w0->s1", "s1->w1"}
+    assert row["shaping_lag_max_s"] < 0.1
+    assert {"fidelity_ok", "fidelity_cpu_idle_min", "fidelity_rate_excess_max"} <= set(row.index)
+    assert row["fidelity_rate_excess_max"] <= 0.05 or not row["fidelity_ok"]
+    assert json.loads(row["cross_traffic"])[0]["mbps"] > 0
+    for table in ("links", "qdiscs", "cpu"):
+        assert len(pd.read_parquet(run_dir / f"{table}.parquet")) > 10
