@@ -29,19 +29,34 @@ def _need_root(what: str) -> None:
         raise Exit(f"error: {what} needs root for Mininet; run it as: sudo ./inv {what}", code=2)
 
 
-def _run_config(config: str, overrides: list[str], results: str, force: bool):
+def _parse_shard(text: str | None) -> tuple[int, int] | None:
+    from emu.config import ConfigError
+
+    if text is None:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"--shard {text!r}: expected i/n, e.g. 0/4") from None
+    if not 0 <= i < n:
+        raise ConfigError(f"--shard {text!r}: need 0 <= i < n")
+    return i, n
+
+
+def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None):
     """Validate, run and report a config; returns its plan."""
     from emu.config import ConfigError, load_plan
 
     try:
         plan = load_plan(config, _sections(), overrides)
+        shard_ = _parse_shard(shard)
     except ConfigError as e:
         raise Exit(f"error: {e}", code=2) from None
     _need_root("run")
     from emu.sweep import run_plan
 
     try:
-        rows = run_plan(plan, Path(results), force=force)
+        rows = run_plan(plan, Path(results), force=force, shard=shard_)
     except KeyboardInterrupt:
         raise Exit("interrupted: network torn down, finished runs kept, this run recorded as interrupted",
                    code=130) from None
@@ -52,16 +67,39 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool):
     return plan
 
 
-@task(iterable=["set"], help={
-    "config": "experiment YAML (a single experiment, or one with a `grid:`)",
+_RUN_HELP = {
+    "config": "experiment or sweep YAML (see README: Sweeps)",
     "set": "override a config key, e.g. --set workload.iterations=10 (repeatable)",
     "results": "results root (default: results/)",
     "force": "re-run runs that already completed",
-})
-def run(c, config, set=None, results=str(RESULTS), force=False):  # noqa: A002 - the CLI flag is --set
+    "shard": "run only shard i of n, e.g. 0/4 (merge the shards' results with `merge`)",
+}
+
+
+@task(iterable=["set"], help=_RUN_HELP)
+def run(c, config, set=None, results=str(RESULTS), force=False, shard=None):  # noqa: A002 - the flag is --set
     """Run every experiment of a config; completed runs are skipped (resume after a crash)."""
-    plan = _run_config(config, set or [], results, force)
+    plan = _run_config(config, set or [], results, force, shard)
     print(f"results: {Path(results) / plan.name / 'runs.parquet'}")
+
+
+@task(iterable=["set"], help=_RUN_HELP)
+def sweep(c, config, set=None, results=str(RESULTS), force=False, shard=None):  # noqa: A002
+    """Run a sweep file (base config x grid x zip x seeds x repeats); resumable, shardable."""
+    run(c, config, set=set, results=results, force=force, shard=shard)
+
+
+@task(iterable=["source"], help={"source": "a sweep's results directory (repeatable)",
+                                 "into": "the merged results directory"})
+def merge(c, source, into):
+    """Merge results of several machines or shards of one sweep (concatenation by run_id)."""
+    from emu.results import merge as do_merge
+
+    try:
+        n = do_merge([Path(s) for s in source], Path(into))
+    except FileNotFoundError as e:
+        raise Exit(f"error: {e}", code=2) from None
+    print(f"{Path(into) / 'runs.parquet'}: {n} runs")
 
 
 @task(iterable=["run_id"], help={"sweep": "results directory of a sweep, e.g. results/demo",

@@ -340,42 +340,87 @@ def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path 
     return Experiment.model_validate(d, context=ctx)
 
 
-_PLAN_KEYS = {"grid", "repeats"}
+_PLAN_KEYS = ("base", "set", "grid", "zip", "seeds", "repeats")
+
+
+def _listing(raw: dict, key: str) -> dict[str, list]:
+    value = raw.pop(key, None) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: must be a mapping of config keys to lists of values")
+    for k, vals in value.items():
+        if not isinstance(vals, list) or not vals:
+            raise ConfigError(f"{key}.{k}: must be a non-empty list of values")
+    return value
 
 
 def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -> Plan:
-    """Read a config file into the experiments it describes.
+    """Read a config or sweep file into the experiments it describes.
 
-    A file is one experiment plus two optional keys: `repeats` (default 1) and `grid`, a
-    mapping of dotted config keys to lists of values whose Cartesian product is run.
-    `overrides` are `key=value` strings applied before the grid.
+    The experiment is either the file itself or, with `base: FILE` (relative to this file),
+    another config file, updated by `set: {dotted.key: value}`. On top of it:
+    - `grid`: dotted keys -> lists of values; their Cartesian product is run;
+    - `zip`: dotted keys -> lists of equal length, taken together (one point per index);
+    - `seeds`: a list of seeds (a grid over `seed`);
+    - `repeats`: how often each point runs (default 1); each repeat has its own run_id.
+    `overrides` (`key=value`, from --set) apply to the experiment before the grid.
     """
     path = Path(path)
     raw = read_yaml(path)
+    base_dir = path.parent
+    if "base" in raw:
+        base = raw.pop("base")
+        if not isinstance(base, str):
+            raise ConfigError("base: must be the path of a config file")
+        base_path = base_dir / base
+        updates = raw.pop("set", None) or {}
+        plan_keys = {k: raw.pop(k) for k in ("grid", "zip", "seeds", "repeats") if k in raw}
+        if not isinstance(updates, dict):
+            raise ConfigError("set: must be a mapping of config keys to values")
+        name = raw.pop("name", None)
+        if raw:
+            raise ConfigError(f"{next(iter(raw))}: unknown key in a sweep file (known: name, "
+                              f"{', '.join(_PLAN_KEYS)})")
+        raw = read_yaml(base_path)
+        for k in ("grid", "zip", "seeds", "repeats"):
+            raw.pop(k, None)  # the sweep file's own plan replaces the base's
+        raw.update(plan_keys)
+        for k, v in updates.items():
+            set_dotted(raw, k, v)
+        if name is not None:
+            raw["name"] = name
+        base_dir = base_path.parent
     for text in overrides:
         k, v = parse_override(text)
         set_dotted(raw, k, v)
-    grid = raw.pop("grid", None) or {}
+    grid = _listing(raw, "grid")
+    zipped = _listing(raw, "zip")
+    seeds = raw.pop("seeds", None)
+    if seeds is not None:
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and x >= 0 for x in seeds):
+            raise ConfigError(f"seeds: must be a non-empty list of integers >= 0, got {seeds!r}")
+        grid["seed"] = seeds
     repeats = raw.pop("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ConfigError(f"repeats: must be an integer >= 1, got {repeats!r}")
-    if not isinstance(grid, dict):
-        raise ConfigError("grid: must be a mapping of config keys to lists of values")
-    for k, vals in grid.items():
-        if not isinstance(vals, list) or not vals:
-            raise ConfigError(f"grid.{k}: must be a non-empty list of values")
+    lengths = {k: len(v) for k, v in zipped.items()}
+    if len(set(lengths.values())) > 1:
+        raise ConfigError("zip: lists must have equal lengths (" +
+                          ", ".join(f"{k} has {n}" for k, n in lengths.items()) + ")")
+    zip_points = [dict(zip(zipped, vals)) for vals in zip(*zipped.values())] if zipped else [{}]
     experiments: list[Experiment] = []
     keys = list(grid)
     for combo in itertools.product(*(grid[k] for k in keys)):
-        variant = copy.deepcopy(raw)
-        for k, v in zip(keys, combo):
-            set_dotted(variant, k, v)
-        try:
-            experiments.append(validate_experiment(variant, sections, path.parent))
-        except ConfigError as e:
-            if keys:
-                where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo))
-                raise ConfigError(f"{e} (grid point {where})") from None
-            raise
+        for zp in zip_points:
+            point = {**dict(zip(keys, combo)), **zp}
+            variant = copy.deepcopy(raw)
+            for k, v in point.items():
+                set_dotted(variant, k, v)
+            try:
+                experiments.append(validate_experiment(variant, sections, base_dir))
+            except ConfigError as e:
+                if point:
+                    where = ", ".join(f"{k}={v!r}" for k, v in point.items())
+                    raise ConfigError(f"{e} (grid point {where})") from None
+                raise
     name = experiments[0].name
     return Plan(name=name, experiments=experiments, repeats=repeats, source=path)

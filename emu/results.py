@@ -78,3 +78,27 @@ def completed(sweep_dir: Path) -> set[str]:
     if runs.empty:
         return set()
     return set(runs.loc[runs["status"] == "ok", "run_id"])
+
+
+def merge(sources: list[Path], into: Path) -> int:
+    """Concatenate sweeps' results (e.g. the shards of one sweep) into `into`; returns the
+    number of runs. Run directories are copied; a run_id present twice keeps its ok row."""
+    import shutil
+
+    frames = []
+    for src in sources:
+        runs = read_runs(src)
+        if runs.empty:
+            raise FileNotFoundError(f"{src / RUNS}: no such file")
+        frames.append(runs)
+        if src.resolve() != into.resolve():
+            for rid in runs["run_id"]:
+                if (src / rid).is_dir():
+                    shutil.copytree(src / rid, into / rid, dirs_exist_ok=True)
+    with locked(into):
+        frames.insert(0, read_runs(into))
+        allruns = pd.concat([f for f in frames if not f.empty], ignore_index=True)
+        allruns = (allruns.assign(_ok=allruns["status"] == "ok").sort_values("_ok", kind="stable")
+                   .drop_duplicates("run_id", keep="last").drop(columns="_ok"))
+        write_parquet(allruns.reset_index(drop=True), into / RUNS)
+    return len(allruns)

@@ -2,32 +2,51 @@
 show progress, and stop cleanly on Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
+import datetime as dt
 import signal
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
-from emu.cleanup import StateDir
-from emu.config import Plan
+from emu.cleanup import StateDir, clean
+from emu.config import Experiment, Plan
 from emu.results import completed
 from emu.runner import run_one, terminate_as_interrupt
 
 
-def run_plan(plan: Plan, results_root: Path, force: bool = False) -> list[dict]:
+def shard_of(todo: list, shard: tuple[int, int] | None) -> list:
+    """Every n-th (experiment, repeat) of the plan, starting at i: shards of one plan are
+    disjoint and together complete, so their results merge by concatenation."""
+    if shard is None:
+        return todo
+    i, n = shard
+    return [t for k, t in enumerate(todo) if k % n == i]
+
+
+def run_plan(plan: Plan, results_root: Path, force: bool = False,
+             shard: tuple[int, int] | None = None) -> list[dict]:
     sweep_dir = results_root / plan.name
     done = set() if force else completed(sweep_dir)
-    todo = [(e, r) for e in plan.experiments for r in range(plan.repeats)]
-    rows = []
+    todo = shard_of([(e, r) for e in plan.experiments for r in range(plan.repeats)], shard)
+    pending = sum(1 for e, r in todo if e.run_id(r) not in done)
+    rows: list[dict] = []
     old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)
+    for line in clean():  # what a killed earlier orchestrator left (never a live one's)
+        print(f"cleaned up {line}", file=sys.stderr)
     state = StateDir().open()
+    walls: list[float] = []
     try:
         for i, (exp, repeat) in enumerate(todo, 1):
             rid = exp.run_id(repeat)
-            label = f"[{i}/{len(todo)}] {exp.scheduler} repeat {repeat} ({rid})"
+            label = f"[{i}/{len(todo)}] {_point(plan, exp)} repeat {repeat} ({rid})"
             if rid in done:
                 print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
                 continue
+            if walls:
+                left = pending - len(walls)
+                eta = dt.timedelta(seconds=round(sum(walls) / len(walls) * left))
+                print(f"sweep: {len(walls)}/{pending} runs done, ETA {eta} for the {left} left", file=sys.stderr)
             bar = tqdm(total=exp.workload["iterations"], desc=label, unit="it", file=sys.stderr,
                        leave=True, dynamic_ncols=True,
                        mininterval=0.2 if sys.stderr.isatty() else 5.0)
@@ -40,6 +59,7 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False) -> list[dict]:
             finally:
                 bar.close()
             rows.append(row)
+            walls.append(row["wall_s"])
             if row["status"] == "ok":
                 print(f"{label}: ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
                       f"wall {row['wall_s']:.1f} s", file=sys.stderr)
@@ -51,3 +71,15 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False) -> list[dict]:
         state.remove()
         signal.signal(signal.SIGTERM, old_term)
     return rows
+
+
+def _point(plan: Plan, exp: Experiment) -> str:
+    """What distinguishes this experiment from the plan's others, e.g. 'scheduler=fifo, seed=1'."""
+    if len(plan.experiments) == 1:
+        return exp.scheduler
+    from emu.results import flatten
+
+    mine = flatten(exp.resolved())
+    others = [flatten(e.resolved()) for e in plan.experiments]
+    keys = [k for k in mine if any(o.get(k) != mine[k] for o in others) and not k.startswith("schedulers.")]
+    return ", ".join(f"{k}={mine[k]}" for k in keys) or exp.scheduler

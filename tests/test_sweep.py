@@ -1,0 +1,112 @@
+"""Sweep files (base, set, grid, zip, seeds, repeats), shards and merging; kill -9 and resume."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from emu.config import ConfigError, load_plan
+from emu.results import merge, record_run
+from emu.sweep import shard_of
+from tasks import _sections
+from tests.conftest import REPO, invoke, invoke_popen, needs_root
+from tests.test_config import GOOD
+
+
+def write(path, obj):
+    path.write_text(yaml.safe_dump(obj))
+    return path
+
+
+def test_base_set_grid_zip_seeds(tmp_path):
+    write(tmp_path / "base.yaml", {**GOOD, "grid": {"scheduler": ["fifo"]}})
+    sweep = write(tmp_path / "sweep.yaml", {
+        "base": "base.yaml", "name": "s", "set": {"workload.iterations": 4},
+        "grid": {"scheduler": ["fifo", "bytescheduler"]},
+        "zip": {"workload.batch_size": [8, 16, 32], "topology.hosts.1.bw_mbps": [5, 10, 20]},
+        "seeds": [0, 1], "repeats": 3})
+    plan = load_plan(sweep, _sections())
+    assert plan.name == "s" and plan.repeats == 3
+    assert len(plan.experiments) == 2 * 2 * 3  # scheduler x seed x zip
+    pairs = {(e.workload["batch_size"], e.net.rate("w0", "s1")) for e in plan.experiments}
+    assert pairs == {(8, 5), (16, 10), (32, 20)}
+    assert {e.workload["iterations"] for e in plan.experiments} == {4}
+    ids = [e.run_id(r) for e in plan.experiments for r in range(3)]
+    assert len(set(ids)) == 36
+
+
+@pytest.mark.parametrize("sweep,message", [
+    ({"base": "base.yaml", "zip": {"seed": [1, 2], "workload.batch_size": [8]}},
+     "zip: lists must have equal lengths (seed has 2, workload.batch_size has 1)"),
+    ({"base": "base.yaml", "gird": {"seed": [1]}}, "gird: unknown key in a sweep file"),
+    ({"base": "base.yaml", "grid": {"seed": []}}, "grid.seed: must be a non-empty list of values"),
+    ({"base": "base.yaml", "grid": {"workload.batch_size": ["big"]}},
+     "workload.batch_size: must be an integer, got 'big' (grid point workload.batch_size='big')"),
+    ({"base": "base.yaml", "seeds": [-1]}, "seeds: must be a non-empty list of integers >= 0, got [-1]"),
+    ({"base": "missing.yaml"}, "missing.yaml: no such file"),
+])
+def test_bad_sweep_files(tmp_path, sweep, message):
+    write(tmp_path / "base.yaml", GOOD)
+    with pytest.raises(ConfigError) as e:
+        load_plan(write(tmp_path / "sweep.yaml", sweep), _sections())
+    assert message in str(e.value)
+
+
+def test_cli_bad_sweep_exit_2_nothing_run(tmp_path):
+    write(tmp_path / "base.yaml", GOOD)
+    r = invoke("sweep", str(write(tmp_path / "s.yaml", {"base": "base.yaml", "grid": {}, "zip": {"a": 1}})),
+               "--results", str(tmp_path / "r"), timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "error: zip.a: must be a non-empty list of values"
+    assert not (tmp_path / "r").exists()
+    r = invoke("sweep", str(tmp_path / "base.yaml"), "--shard", "4/4", "--results", str(tmp_path / "r"), timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == "error: --shard '4/4': need 0 <= i < n"
+
+
+def test_shards_are_disjoint_and_complete():
+    todo = list(range(23))
+    shards = [shard_of(todo, (i, 4)) for i in range(4)]
+    assert sorted(x for s in shards for x in s) == todo
+    assert shard_of(todo, None) == todo
+
+
+def test_merge_concatenates_and_prefers_ok(tmp_path):
+    a, b, into = tmp_path / "a", tmp_path / "b", tmp_path / "into"
+    record_run(a, {"run_id": "r1", "status": "ok", "x": 1.0})
+    record_run(a, {"run_id": "r2", "status": "failed", "x": 2.0})
+    record_run(b, {"run_id": "r2", "status": "ok", "x": 3.0})
+    (a / "r1").mkdir()
+    (a / "r1" / "iterations.parquet").write_text("x")
+    assert merge([a, b], into) == 2
+    runs = pd.read_parquet(into / "runs.parquet").set_index("run_id")
+    assert runs.loc["r2", "status"] == "ok" and runs.loc["r2", "x"] == 3.0
+    assert (into / "r1" / "iterations.parquet").exists()
+
+
+@needs_root
+def test_kill_9_mid_sweep_then_resume_runs_each_once(tmp_path, no_leftovers):
+    cfg = {**GOOD, "name": "k9", "timeout_s": 120, "seeds": [0, 1, 2],
+           "workload": {"model": "cnn", "preset": "tiny", "iterations": 25, "batch_size": 8}}
+    path = write(tmp_path / "k9.yaml", cfg)
+    results = tmp_path / "results"
+    proc = invoke_popen("sweep", str(path), "--results", str(results))
+    runs = results / "k9" / "runs.parquet"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (runs.exists() and len(pd.read_parquet(runs)) >= 1):
+        time.sleep(0.2)
+    time.sleep(1.5)  # somewhere inside the second run
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    before = pd.read_parquet(runs)
+    assert 1 <= len(before) < 3
+    r = invoke("sweep", str(path), "--results", str(results), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    after = pd.read_parquet(runs)
+    assert len(after) == 3 and after["run_id"].is_unique and (after["status"] == "ok").all()
+    assert "skipped" in r.stderr and "cleaned up" in r.stderr
+    # rows written before the kill are untouched
+    first = before.iloc[0]
+    assert after.set_index("run_id").loc[first["run_id"], "started_at"] == first["started_at"]
