@@ -43,6 +43,15 @@ def _parse_shard(text: str | None) -> tuple[int, int] | None:
     return i, n
 
 
+def _add_bounds(sweep_dir: Path) -> None:
+    """Analytic lower bounds and efficiency into each completed run's row."""
+    from analysis.bounds import annotate
+    from emu.results import update_runs
+
+    if (sweep_dir / "runs.parquet").exists():
+        update_runs(sweep_dir, lambda runs: annotate(runs, sweep_dir))
+
+
 def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None):
     """Validate, run and report a config; returns its plan."""
     from emu.config import ConfigError, load_plan
@@ -60,6 +69,8 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
     except KeyboardInterrupt:
         raise Exit("interrupted: network torn down, finished runs kept, this run recorded as interrupted",
                    code=130) from None
+    finally:
+        _add_bounds(Path(results) / plan.name)
     failed = [r for r in rows if r["status"] != "ok"]
     if failed:
         raise Exit(f"error: {len(failed)} of {len(rows)} run(s) failed; see 'reason' in "

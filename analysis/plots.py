@@ -45,7 +45,7 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[
     first = runs.iloc[0]
     fig.suptitle(f"{first['sweep']}: {first['workload.model']} ({first['workload.preset']}, "
                  f"{first['num_params'] / 1e3:.0f}k params), {runs['num_workers'].iloc[0]} workers, "
-                 f"{first['compute_mode']} compute; {first['topology.kind']}: {first['network']}; "
+                 f"{first['compute_mode']} compute; {first.get('topology.kind', '')}: {first.get('network', '')}; "
                  f"warm-up excluded", fontsize=9)
     fig.tight_layout()
     out = out or sweep_dir / "iteration_time.png"
@@ -57,5 +57,6 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[
 def summary_table(sweep_dir: Path, run_ids: list[str] | None = None) -> pd.DataFrame:
     runs = load_runs(sweep_dir, run_ids=run_ids)
     cols = ["run_id", "scheduler", "repeat", "status", "iter_time_median_s", "wait_median_s",
-            "compute_median_s", "samples_per_s", "final_loss", "params_consistent", "wall_s", "reason"]
+            "compute_median_s", "bound_s", "efficiency", "fidelity_ok", "final_loss", "params_consistent",
+            "wall_s", "reason"]
     return runs[[c for c in cols if c in runs.columns]]

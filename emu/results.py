@@ -73,6 +73,14 @@ def record_run(sweep_dir: Path, row: dict[str, Any]) -> None:
         write_parquet(runs, sweep_dir / RUNS)
 
 
+def update_runs(sweep_dir: Path, fn) -> None:
+    """Rewrite runs.parquet as fn(runs), atomically and under the lock (e.g. to add bounds)."""
+    with locked(sweep_dir):
+        runs = read_runs(sweep_dir)
+        if not runs.empty:
+            write_parquet(fn(runs), sweep_dir / RUNS)
+
+
 def completed(sweep_dir: Path) -> set[str]:
     runs = read_runs(sweep_dir)
     if runs.empty:
