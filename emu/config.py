@@ -158,6 +158,7 @@ class Plan:
     experiments: list[Experiment]
     repeats: int
     source: Path
+    points: list[dict[str, Any]] = field(default_factory=list)  # the grid/zip values of each experiment
 
 
 # ---------------------------------------------------------------------------- errors
@@ -408,6 +409,7 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
                           ", ".join(f"{k} has {n}" for k, n in lengths.items()) + ")")
     zip_points = [dict(zip(zipped, vals)) for vals in zip(*zipped.values())] if zipped else [{}]
     experiments: list[Experiment] = []
+    points: list[dict[str, Any]] = []
     keys = list(grid)
     for combo in itertools.product(*(grid[k] for k in keys)):
         for zp in zip_points:
@@ -417,10 +419,11 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
                 set_dotted(variant, k, v)
             try:
                 experiments.append(validate_experiment(variant, sections, base_dir))
+                points.append(point)
             except ConfigError as e:
                 if point:
                     where = ", ".join(f"{k}={v!r}" for k, v in point.items())
                     raise ConfigError(f"{e} (grid point {where})") from None
                 raise
     name = experiments[0].name
-    return Plan(name=name, experiments=experiments, repeats=repeats, source=path)
+    return Plan(name=name, experiments=experiments, repeats=repeats, source=path, points=points)

@@ -180,8 +180,10 @@ def summarize(exp: Experiment, iters: pd.DataFrame, summaries: list[dict]) -> di
 
 
 def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
-            progress: Callable[[int], None] = lambda n: None) -> dict[str, Any]:
-    """Run one experiment once; return (and record in runs.parquet) its row."""
+            progress: Callable[[int], None] = lambda n: None, extra: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """Run one experiment once; return (and record in runs.parquet) its row.
+    `extra`: more columns for the row (the sweep's grid point, as point.<key>)."""
     run_id = exp.run_id(repeat)
     sweep_dir = results_root / exp.name
     run_dir = sweep_dir / run_id
@@ -195,7 +197,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
 
     row: dict[str, Any] = {"run_id": run_id, "sweep": exp.name, "repeat": repeat, "status": "running",
                            "reason": "", "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
-                           "network": exp.net.describe(), **flatten(exp.resolved())}
+                           "network": exp.net.describe(), **flatten(exp.resolved()), **(extra or {})}
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:

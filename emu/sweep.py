@@ -10,7 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from emu.cleanup import StateDir, clean
-from emu.config import Experiment, Plan
+from emu.config import Plan
 from emu.results import completed
 from emu.runner import run_one, terminate_as_interrupt
 
@@ -28,8 +28,9 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
              shard: tuple[int, int] | None = None) -> list[dict]:
     sweep_dir = results_root / plan.name
     done = set() if force else completed(sweep_dir)
-    todo = shard_of([(e, r) for e in plan.experiments for r in range(plan.repeats)], shard)
-    pending = sum(1 for e, r in todo if e.run_id(r) not in done)
+    points = plan.points or [{} for _ in plan.experiments]
+    todo = shard_of([(e, r, p) for e, p in zip(plan.experiments, points) for r in range(plan.repeats)], shard)
+    pending = sum(1 for e, r, _ in todo if e.run_id(r) not in done)
     rows: list[dict] = []
     old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)
     for line in clean():  # what a killed earlier orchestrator left (never a live one's)
@@ -37,9 +38,10 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
     state = StateDir().open()
     walls: list[float] = []
     try:
-        for i, (exp, repeat) in enumerate(todo, 1):
+        for i, (exp, repeat, point) in enumerate(todo, 1):
             rid = exp.run_id(repeat)
-            label = f"[{i}/{len(todo)}] {_point(plan, exp)} repeat {repeat} ({rid})"
+            where = ", ".join(f"{k}={v}" for k, v in point.items()) or exp.scheduler
+            label = f"[{i}/{len(todo)}] {where} repeat {repeat} ({rid})"
             if rid in done:
                 print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
                 continue
@@ -55,7 +57,8 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
                 bar.update(n - bar.n)
 
             try:
-                row = run_one(exp, repeat, results_root, state, progress)
+                row = run_one(exp, repeat, results_root, state, progress,
+                              extra={f"point.{k}": v for k, v in point.items()})
             finally:
                 bar.close()
             rows.append(row)
@@ -72,14 +75,3 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
         signal.signal(signal.SIGTERM, old_term)
     return rows
 
-
-def _point(plan: Plan, exp: Experiment) -> str:
-    """What distinguishes this experiment from the plan's others, e.g. 'scheduler=fifo, seed=1'."""
-    if len(plan.experiments) == 1:
-        return exp.scheduler
-    from emu.results import flatten
-
-    mine = flatten(exp.resolved())
-    others = [flatten(e.resolved()) for e in plan.experiments]
-    keys = [k for k in mine if any(o.get(k) != mine[k] for o in others) and not k.startswith("schedulers.")]
-    return ", ".join(f"{k}={mine[k]}" for k in keys) or exp.scheduler
