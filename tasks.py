@@ -133,6 +133,21 @@ def analyze(c, sweep, run_id=None):
     print(f"plot: {png}")
 
 
+@task(help={"sweep": "results directory of a sweep, e.g. results/mini",
+            "baseline": "the scheduler speedups are measured against (default: fifo)",
+            "out": "where to write report.md and its figures (default: <sweep>/report)"})
+def report(c, sweep, baseline="fifo", out=None):
+    """Write a sweep's report: figures (PNG and PDF), summary with 95% CIs, fidelity, paper claims."""
+    from analysis.report import write_report
+    from analysis.tables import NoResults
+
+    try:
+        path = write_report(Path(sweep), Path(out) if out else None, baseline=baseline)
+    except NoResults as e:
+        raise Exit(f"error: {e}", code=2) from None
+    print(f"report: {path}")
+
+
 @task(help={"results": "results root (default: results/)", "force": "re-run completed runs"})
 def demo(c, results=str(RESULTS), force=False):
     """The demo: 2 workers and a parameter server on a 3-host star, FIFO vs ByteScheduler, then a plot."""

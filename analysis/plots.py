@@ -1,21 +1,399 @@
-"""Figures from tidy results. Reads only files (runs.parquet and per-run tables)."""
+"""Figures from tidy results. Reads only files (runs.parquet and per-run tables).
+
+Every figure function takes a sweep's results directory, writes the figure to `out`
+(default: a PNG in the sweep directory) in each of `formats` (e.g. ("png", "pdf")) and
+returns the path of the first. Which key goes on the x axis is chosen from the sweep's
+`point.*` columns (the swept numeric key with the most values, e.g. a link's bandwidth);
+the other swept keys (e.g. the model) become panels, so any sweep can be plotted.
+"""
 from __future__ import annotations
 
+import json
+import zlib
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from analysis.tables import load_iterations, load_runs  # noqa: E402
+from analysis.speedup import METHOD, iteration_times, load_comparison, speedups  # noqa: E402
+from analysis.tables import (NoResults, key_label, load_events, load_iterations, load_links,  # noqa: E402
+                             load_runs, swept_keys)
+
+# Fixed colours: a scheduler looks the same in every figure of every report.
+SCHEDULER_ORDER = ["fifo", "bytescheduler", "p3", "mercury", "ring", "gloo", "forest"]
 
 
-def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | None = None) -> Path:
+class Skipped(NoResults):
+    """A figure that this sweep's data cannot support (e.g. no scheduler trace)."""
+
+
+def scheduler_order(names) -> list[str]:
+    """Schedulers in the canonical order (baseline first), unknown ones after, by name."""
+    names = list(dict.fromkeys(names))
+    return sorted(names, key=lambda s: (SCHEDULER_ORDER.index(s) if s in SCHEDULER_ORDER else len(SCHEDULER_ORDER), s))
+
+
+def _colour(name: str):
+    deep = sns.color_palette("deep", 10)
+    i = SCHEDULER_ORDER.index(name) if name in SCHEDULER_ORDER else len(SCHEDULER_ORDER) + zlib.crc32(name.encode()) % 3
+    return deep[i % 10]
+
+
+def _theme() -> None:
+    sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
+
+
+def _save(fig, out: Path, formats: tuple[str, ...]) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_suffix(f".{fmt}") for fmt in formats]
+    for p in paths:
+        fig.savefig(p, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return paths[0]
+
+
+def _setting(runs: pd.DataFrame) -> str:
+    """What was measured, for titles: model, size, roles, topology, and the network if fixed."""
+    r = runs.iloc[0]
+    models = ", ".join(sorted(runs["workload.model"].astype(str).unique()))
+    params = f", {r['num_params'] / 1e6:.2g}M params" if runs["num_params"].nunique() == 1 else ""
+    servers = len(json.loads(r["roles.servers"]))
+    roles = f"{r['num_workers']} workers" + (f" + {servers} PS" if servers else "")
+    nets = runs["network"].unique() if "network" in runs else []
+    net = nets[0] if len(nets) == 1 else "network varies per configuration" if len(nets) else "network not recorded"
+    return f"{models} ({r['workload.preset']}{params}), {roles}, {r.get('topology.kind', '')}: {net}"
+
+
+def _layout(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
+    """(numeric swept key for the x axis or None, the other swept keys -> panels)."""
+    keys = swept_keys(runs)
+    numeric = [k for k in keys if pd.to_numeric(runs[f"point.{k}"], errors="coerce").notna().all()]
+    x = max(numeric, key=lambda k: (runs[f"point.{k}"].nunique(), "mbps" in k), default=None)
+    return x, [k for k in keys if k != x]
+
+
+def _panel_label(row, keys: list[str], runs: pd.DataFrame) -> str:
+    return ", ".join(f"{key_label(k, runs).split(' (')[0]} = {row[f'point.{k}']}" for k in keys)
+
+
+def _axes(n: int, width: float = 4.6, height: float = 3.6, sharey: bool = True):
+    ncols = min(n, 3)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 0.6, height * nrows + 0.8), sharey=sharey,
+                             squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _x_positions(table: pd.DataFrame, x_key: str | None, runs: pd.DataFrame):
+    """(x value per row, tick positions, tick labels, log scale?, axis label)."""
+    if x_key is None:  # no numeric key: one category per configuration
+        cats = list(dict.fromkeys(table["config"]))
+        pos = table["config"].map({c: i for i, c in enumerate(cats)}).astype(float)
+        return pos, list(range(len(cats))), cats, False, "configuration"
+    vals = pd.to_numeric(table[f"point.{x_key}"]).astype(float)
+    uniq = sorted(vals.unique())
+    log = uniq[0] > 0 and uniq[-1] / uniq[0] >= 4
+    return vals, uniq, [f"{v:g}" for v in uniq], log, key_label(x_key, runs)
+
+
+def _dodge(x: pd.Series, i: int, k: int, log: bool, span: float) -> pd.Series:
+    off = i - (k - 1) / 2
+    return x * (1.04 ** off) if log else x + off * 0.025 * (span or 1.0)
+
+
+def _interval_plot(table: pd.DataFrame, runs: pd.DataFrame, y: str, scale: float, ylabel: str, title: str,
+                   out: Path, formats, ref: float | None = None, ref_label: str = "", times: bool = False) -> Path:
+    """Shared by the speedup and iteration-time figures: estimate +- CI per scheduler against
+    the swept key, one panel per value of the other swept keys. `times`: panels get their
+    own y axis (models differ in scale), logarithmic where a panel spans 4x or more."""
+    _theme()
+    x_key, panel_keys = _layout(runs)
+    table = table.assign(_panel=[_panel_label(r, panel_keys, runs) for _, r in table.iterrows()])
+    panels = list(dict.fromkeys(table["_panel"]))
+    fig, axes = _axes(len(panels), sharey=not times)
+    scheds = scheduler_order(table["scheduler"])
+    for ax, panel in zip(axes, panels):
+        sub = table[table["_panel"] == panel]
+        xs, ticks, labels, log, xlabel = _x_positions(sub, x_key, runs)
+        span = (max(ticks) - min(ticks)) if len(ticks) > 1 else 1.0
+        for i, s in enumerate(scheds):
+            m = (sub["scheduler"] == s).to_numpy()
+            if not m.any():
+                continue
+            d = sub[m].assign(_x=xs[m]).sort_values("_x")
+            est, lo, hi = d[y] * scale, d["ci_low"] * scale, d["ci_high"] * scale
+            err = np.vstack([(est - lo).clip(lower=0).fillna(0), (hi - est).clip(lower=0).fillna(0)])
+            ax.errorbar(_dodge(d["_x"], i, len(scheds), log, span), est, yerr=err, marker="o", ms=5, capsize=4,
+                        lw=1.6, color=_colour(s), label=s)
+        if ref is not None:
+            ax.axhline(ref, color="0.35", ls="--", lw=1, label=ref_label)
+        if log:
+            ax.set_xscale("log")
+            ax.minorticks_off()
+        ax.set_xticks(ticks, labels, rotation=0 if x_key else 20, ha="center" if x_key else "right")
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=panel or None)
+        scope = sub if times else table
+        top = pd.concat([scope[y], scope["ci_high"]]).max() * scale
+        low = pd.concat([scope[y], scope["ci_low"]]).min() * scale
+        if times and low > 0 and top / low >= 4:
+            ax.set_yscale("log")
+            ax.set_ylim(low / 1.3, top * 2.0)  # room for the legend above the highest interval
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "125" else "")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+        else:
+            ax.set_ylim(0, top * 1.25)
+    axes[0].legend(title="scheduler", fontsize=8, title_fontsize=8)
+    how = "; ".join(METHOD[u] for u in sorted(table["unit"].unique()))
+    fig.suptitle(f"{title}\n{_setting(runs)}\n{table['confidence'].iloc[0]:.0%} CI: {how}; warm-up excluded",
+                 fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out, formats)
+
+
+def speedup_plot(sweep_dir: Path, out: Path | None = None, baseline: str = "fifo", run_ids: list[str] | None = None,
+                 formats: tuple[str, ...] = ("png",)) -> Path:
+    """Speedup of each scheduler over `baseline` on the same configuration, with 95% CIs,
+    against the swept key (e.g. bandwidth), one panel per other swept key (e.g. model)."""
+    sweep_dir = Path(sweep_dir)
+    runs, iters = load_comparison(sweep_dir, run_ids)
+    table = speedups(runs, iters, baseline=baseline)
+    if table.empty:
+        raise Skipped(f"{sweep_dir}: no configuration has runs of both {baseline!r} and another scheduler")
+    return _interval_plot(table, runs, "speedup", 1.0, f"speedup over {baseline} (x)",
+                          f"{runs['sweep'].iloc[0]}: speedup over {baseline} on the same configuration",
+                          out or sweep_dir / "speedup.png", formats, ref=1.0, ref_label=f"{baseline} (1x)")
+
+
+def iteration_time_sweep_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | None = None,
+                              formats: tuple[str, ...] = ("png",)) -> Path:
+    """Iteration time of each scheduler against the swept key, with 95% CIs."""
+    sweep_dir = Path(sweep_dir)
+    runs, iters = load_comparison(sweep_dir, run_ids)
+    table = iteration_times(runs, iters)
+    return _interval_plot(table, runs, "iter_time_s", 1e3, "iteration time (ms)",
+                          f"{runs['sweep'].iloc[0]}: iteration time per scheduler",
+                          out or sweep_dir / "iteration_time_sweep.png", formats, times=True)
+
+
+# --------------------------------------------------------------------------- timeline
+def _chunk_spans(ev: pd.DataFrame) -> pd.DataFrame:
+    """Per (key, chunk): first send and the matching result's arrival (that chunk's recv,
+    else the key's last recv: collective schedulers report one recv per tensor)."""
+    send = ev[ev["event"] == "send"].groupby(["key", "chunk"])["t"].min().rename("send")
+    recv = ev[ev["event"] == "recv"]
+    by_chunk = recv.groupby(["key", "chunk"])["t"].max().rename("recv")
+    by_key = recv.groupby("key")["t"].max()
+    spans = send.to_frame().join(by_chunk, how="left").reset_index()
+    spans["recv"] = spans["recv"].fillna(spans["key"].map(by_key))
+    return spans.dropna(subset=["recv"])
+
+
+def _pick_timeline_runs(runs: pd.DataFrame, sweep_dir: Path, config_id: str | None) -> pd.DataFrame:
+    traced = runs[[load_events(sweep_dir, r) is not None for r in runs["run_id"]]]
+    if traced.empty:
+        raise Skipped("no run of this sweep was traced (set `trace: true` in the config to record "
+                      "send/recv events); the communication timeline is left out")
+    if config_id is None:
+        # The configuration with the most traced schedulers; among those, the most
+        # communication-bound (longest median iteration), where scheduling matters most.
+        score = traced.groupby("config_id").agg(n=("scheduler", "nunique"), t=("iter_time_median_s", "mean"))
+        config_id = score.sort_values(["n", "t"], ascending=False).index[0]
+    chosen = traced[traced["config_id"] == config_id]
+    if chosen.empty:
+        raise Skipped(f"configuration {config_id} has no traced run")
+    return chosen.sort_values("repeat").groupby("scheduler", sort=False).head(1)
+
+
+def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | None = None, rank: int = 0,
+                  iteration: int | None = None, run_ids: list[str] | None = None,
+                  formats: tuple[str, ...] = ("png",)) -> Path:
+    """Per-tensor communication of one iteration's gradients on one worker, one panel per
+    scheduler: a bar per chunk from its push being sent to its aggregate arriving, tensors
+    in priority order (key 0, the input side, at the top). Time 0 is the start of the next
+    iteration, whose forward pass needs the aggregates layer by layer, so a bar that ends
+    late on a top row is what stalls training; pushes made during the backward pass are at
+    t < 0. Unless `iteration` is given, the iteration shown is the one before the measured
+    iteration whose time is closest to the run's median. Raises Skipped without a trace."""
+    from analysis.tables import add_configurations
+
+    _theme()
+    sweep_dir = Path(sweep_dir)
+    runs = add_configurations(load_runs(sweep_dir, status="ok", run_ids=run_ids), sweep_dir)
+    chosen = _pick_timeline_runs(runs, sweep_dir, config_id)
+    chosen = chosen.set_index("scheduler").loc[scheduler_order(chosen["scheduler"])].reset_index()
+    n_keys = int(chosen["num_tensors"].max())
+    panel_h = min(max(0.3 * n_keys, 2.4), 7.0)  # a 200-tensor model still fits a page
+    fig, axes = plt.subplots(len(chosen), 1, figsize=(10, panel_h * len(chosen) + 1.4), sharex=True, squeeze=False)
+    host = json.loads(chosen.iloc[0]["roles.workers"])[rank]
+    x_min, x_max = 0.0, 0.0
+    for ax, (_, run) in zip(axes[:, 0], chosen.iterrows()):
+        its = pd.read_parquet(sweep_dir / run["run_id"] / "iterations.parquet")
+        its = its[its["rank"] == rank].set_index("iteration").sort_index()
+        dur = its["end"] - its["start"]
+        measured = dur[dur.index > run["workload.warmup"]]
+        if iteration is not None:
+            it = iteration
+        elif len(measured):
+            it = int((measured - measured.median()).abs().idxmin()) - 1
+        else:
+            it = int(dur.index.max()) - 1
+        if it + 1 not in its.index:
+            raise Skipped(f"run {run['run_id']}: no iteration {it + 1} after iteration {it}")
+        t0 = its.loc[it + 1, "start"]
+        ev = load_events(sweep_dir, run["run_id"])
+        spans = _chunk_spans(ev[(ev["rank"] == rank) & (ev["iteration"] == it)])
+        # chunks of one tensor side by side within its row, in chunk order
+        spans = spans.sort_values(["key", "chunk"])
+        spans["j"] = spans.groupby("key").cumcount()
+        spans["h"] = 0.8 / spans.groupby("key")["chunk"].transform("size")
+        ax.barh(spans["key"] - 0.4 + spans["j"] * spans["h"], (spans["recv"] - spans["send"]) * 1e3,
+                left=(spans["send"] - t0) * 1e3, height=spans["h"] * 0.9, align="edge",
+                color=_colour(run["scheduler"]), edgecolor="none", alpha=0.85)
+        end = (its.loc[it + 1, "end"] - t0) * 1e3
+        ax.axvline(0, color="0.3", ls="--", lw=1, label=f"iteration {it + 1} starts")
+        ax.axvline(end, color="0.3", ls=":", lw=1.2, label=f"iteration {it + 1} ends")
+        if len(spans):
+            x_min = min(x_min, float((spans["send"].min() - t0) * 1e3))
+            x_max = max(x_max, end, float((spans["recv"].max() - t0) * 1e3))
+        ax.set_yticks(range(0, n_keys, max(1, n_keys // 16)))
+        ax.set_ylim(n_keys - 0.5, -0.6)
+        ax.set_ylabel("tensor key\n(0 = input side)")
+        median = dur[dur.index >= run["workload.warmup"]].median()
+        ax.set_title(f"{run['scheduler']}: gradients of iteration {it} ({len(spans)} chunks); iteration {it + 1} "
+                     f"took {dur.loc[it + 1] * 1e3:.0f} ms (run median {median * 1e3:.0f} ms)", fontsize=9, loc="left")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(axis="y", visible=False)
+    axes[-1, 0].set_xlabel(f"time since the next iteration started on worker {rank} ({host}) (ms)")
+    pad = (x_max - x_min) * 0.03
+    axes[-1, 0].set_xlim(x_min - pad, x_max + pad)
+    first = chosen.iloc[0]
+    fig.suptitle(f"{first['sweep']}: gradient communication of one iteration, {first['config']}\n"
+                 f"{_setting(runs[runs['config_id'] == first['config_id']])}\n"
+                 "bar: a chunk's push handed to the socket -> its aggregate received", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out or sweep_dir / "timeline.png", formats)
+
+
+# --------------------------------------------------------------------------- links
+def _pick_link_run(runs: pd.DataFrame) -> pd.Series:
+    """A run whose bandwidth varies (shaping or cross traffic) if any; else the FIFO run (or
+    any) of the most communication-bound configuration."""
+    dyn = runs[(runs.get("shaping_changes", pd.Series(0, index=runs.index)).fillna(0) > 0)
+               | (runs.get("cross_traffic", pd.Series("", index=runs.index)).fillna("").astype(str) != "")]
+    pool = dyn if len(dyn) else runs
+    slow = pool.sort_values("iter_time_median_s", ascending=False)
+    fifo = slow[slow["scheduler"] == "fifo"]
+    return (fifo if len(fifo) else slow).iloc[0]
+
+
+def link_utilisation_plot(sweep_dir: Path, out: Path | None = None, run_id: str | None = None,
+                          max_links: int = 6, formats: tuple[str, ...] = ("png",)) -> Path:
+    """Send rate of the busiest link directions of one run over time, with the configured
+    rate (the bandwidth trace, when shaped) overlaid."""
+    from analysis.tables import add_configurations
+
+    _theme()
+    sweep_dir = Path(sweep_dir)
+    runs = add_configurations(load_runs(sweep_dir, status="ok"), sweep_dir)
+    if run_id is None:
+        run = _pick_link_run(runs)
+    else:
+        if run_id not in set(runs["run_id"]):
+            raise NoResults(f"{sweep_dir}: no completed run {run_id}")
+        run = runs.set_index("run_id").loc[run_id].rename(run_id)
+        run["run_id"] = run_id
+    links = load_links(sweep_dir, run["run_id"])
+    links = links.assign(mbps=links["tx_bytes_per_s"] * 8 / 1e6, conf_mbps=links["configured_bps"] / 1e6)
+    t_step = links.groupby("link")["t"].diff().median()
+    volume = (links["tx_bytes_per_s"] * t_step).groupby(links["link"]).sum().sort_values(ascending=False)
+    busy = [ln for ln in volume.index if volume[ln] > 0][:max_links]
+    if not busy:
+        raise Skipped(f"run {run['run_id']}: no link carried traffic")
+    fig, axes = _axes(len(busy), width=5.0, height=2.6, sharey=False)
+    for ax, ln in zip(axes, busy):
+        d = links[links["link"] == ln].sort_values("t")
+        ax.fill_between(d["t"], d["mbps"], step="post", color=_colour(run["scheduler"]), alpha=0.35, lw=0)
+        ax.step(d["t"], d["mbps"], where="post", color=_colour(run["scheduler"]), lw=1, label="sent")
+        ax.step(d["t"], d["conf_mbps"], where="post", color="k", ls="--", lw=1.2, label="configured rate")
+        active = d[d["mbps"] > 0.01 * d["conf_mbps"]]
+        util = (active["mbps"] / active["conf_mbps"]).mean() if len(active) else 0.0
+        ax.set_title(f"{ln}: {volume[ln] / 1e6:.1f} MB sent, {util:.0%} of the rate while sending", fontsize=9)
+        ax.set(xlabel="time since the monitor started (s)", ylabel="rate (Mb/s)")
+        ax.set_ylim(0, max(d["conf_mbps"].max(), d["mbps"].max()) * 1.15)
+    axes[0].legend(fontsize=8, loc="upper right")
+    left_out = len([v for v in volume if v > 0]) - len(busy)
+    more = f"; {left_out} quieter link direction(s) not shown" if left_out > 0 else ""
+    fig.suptitle(f"{run['sweep']}: link utilisation of run {run['run_id']} ({run['scheduler']}, {run['config']}, "
+                 f"repeat {run['repeat']})\n{run.get('network', '')}; sampled every {t_step:.2g} s, "
+                 f"warm-up included{more}", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out or sweep_dir / "link_utilisation.png", formats)
+
+
+# --------------------------------------------------------------------------- bounds
+def efficiency_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | None = None,
+                    formats: tuple[str, ...] = ("png",)) -> Path:
+    """Measured median iteration time of each run against its analytic lower bound (left),
+    and efficiency = bound / measured per scheduler against the swept key (right)."""
+    from analysis.bounds import annotate
+    from analysis.tables import add_configurations
+
+    _theme()
+    sweep_dir = Path(sweep_dir)
+    runs = add_configurations(load_runs(sweep_dir, status="ok", run_ids=run_ids), sweep_dir)
+    if "bound_s" not in runs or runs["bound_s"].isna().any():
+        runs = annotate(runs, sweep_dir)  # in memory; `./inv run` stores them in runs.parquet
+    scheds = scheduler_order(runs["scheduler"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    lim = [min(runs["bound_s"].min(), runs["iter_time_median_s"].min()) * 1e3 * 0.7,
+           max(runs["bound_s"].max(), runs["iter_time_median_s"].max()) * 1e3 * 1.4]
+    ax1.plot(lim, lim, color="k", lw=1, label="measured = bound")
+    ax1.plot(lim, [2 * v for v in lim], color="0.5", lw=1, ls=":", label="2 x bound")
+    for s in scheds:
+        d = runs[runs["scheduler"] == s]
+        ax1.scatter(d["bound_s"] * 1e3, d["iter_time_median_s"] * 1e3, color=_colour(s), s=28, label=s, alpha=0.85)
+    ax1.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="analytic lower bound (ms)",
+            ylabel="measured median iteration (ms)", title="Each run against its bound")
+    ax1.legend(fontsize=8)
+
+    x_key, _ = _layout(runs)
+    xs, ticks, labels, log, xlabel = _x_positions(runs, x_key, runs)
+    span = (max(ticks) - min(ticks)) if len(ticks) > 1 else 1.0
+    for i, s in enumerate(scheds):
+        m = (runs["scheduler"] == s).to_numpy()
+        d = runs[m].assign(_x=_dodge(xs[m], i, len(scheds), log, span))
+        ax2.scatter(d["_x"], d["efficiency"], color=_colour(s), s=22, alpha=0.7)
+        mean = d.groupby("_x")["efficiency"].mean()
+        ax2.plot(mean.index, mean.values, color=_colour(s), marker="_", ms=14, lw=1.4, label=s)
+    if log:
+        ax2.set_xscale("log")
+        ax2.minorticks_off()
+    ax2.set_xticks(ticks, labels)
+    ax2.set(ylim=(0, 1.05), xlabel=xlabel, ylabel="efficiency = bound / measured",
+            title="Efficiency per run (line: mean)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"{runs['sweep'].iloc[0]}: measured iteration time against the analytic lower bound "
+                 f"(max of compute and the busiest link's bytes / rate)\n{_setting(runs)}", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out or sweep_dir / "efficiency.png", formats)
+
+
+# --------------------------------------------------------------------------- demo figure
+def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | None = None,
+                        formats: tuple[str, ...] = ("png",)) -> Path:
     """Per-iteration time of each worker, one box per scheduler, beside the split of the
     median iteration into compute and time blocked on communication."""
+    sweep_dir = Path(sweep_dir)
     runs = load_runs(sweep_dir, status="ok", run_ids=run_ids)
     iters = load_iterations(sweep_dir, runs)
     iters["iteration_ms"] = (iters["end"] - iters["start"]) * 1e3
@@ -48,10 +426,7 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[
                  f"{first['compute_mode']} compute; {first.get('topology.kind', '')}: {first.get('network', '')}; "
                  f"warm-up excluded", fontsize=9)
     fig.tight_layout()
-    out = out or sweep_dir / "iteration_time.png"
-    fig.savefig(out, dpi=130)
-    plt.close(fig)
-    return out
+    return _save(fig, out or sweep_dir / "iteration_time.png", formats)
 
 
 def summary_table(sweep_dir: Path, run_ids: list[str] | None = None) -> pd.DataFrame:

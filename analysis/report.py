@@ -1,0 +1,209 @@
+"""A sweep's report: one Markdown file with every figure (PNG, and PDF for papers), the
+summary table, the fidelity verdicts and the papers' claims beside what was measured.
+
+    ./inv report results/<sweep>      ->  results/<sweep>/report/report.md
+
+Everything in it is computed from the sweep's files; nothing is typed in by hand, so
+re-running it after more runs completes updates every number.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import claims as claims_mod
+from analysis import fidelity, plots
+from analysis.speedup import METHOD, MIN_REPEATS, iteration_times, load_comparison, speedups
+from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
+
+FIGURES = [  # (file stem, heading, function, caption)
+    ("speedup", "Speedup over the baseline", plots.speedup_plot,
+     "Each scheduler's speedup over the baseline on the same configuration (ratio of iteration times), "
+     "with 95% intervals (see Setup); the dashed line is the baseline."),
+    ("iteration_time", "Iteration time", plots.iteration_time_sweep_plot,
+     "Iteration time of each scheduler against the swept key, with 95% intervals (see Setup)."),
+    ("timeline", "Communication timeline of one iteration", plots.timeline_plot,
+     "One iteration's gradients on one worker, per scheduler: a bar per chunk from its push leaving to its "
+     "aggregate arriving, tensors in priority order (key 0 is the input side and is needed first). Time 0 is "
+     "the start of the next iteration, whose forward pass waits for these aggregates layer by layer."),
+    ("link_utilisation", "Link utilisation", plots.link_utilisation_plot,
+     "Send rate of the busiest link directions of one run, with the configured rate (the bandwidth trace "
+     "when shaped) dashed."),
+    ("efficiency", "Efficiency against the analytic bound", plots.efficiency_plot,
+     "Left: each run's median iteration against its lower bound (max of compute and the busiest link's "
+     "bytes over its rate). Right: efficiency = bound / measured."),
+]
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """A pipe table (pandas' to_markdown needs tabulate, which the harness does not pin)."""
+    def cell(v) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def _ci(est: float, lo: float, hi: float, fmt: str) -> str:
+    if pd.isna(est):
+        return "–"
+    if pd.isna(lo):
+        return f"{est:{fmt}} (no CI)"
+    return f"{est:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def summary(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Per (configuration, scheduler): runs, iteration time and speedup with CIs, share of
+    the iteration spent blocked on gradients, efficiency, and fidelity passes."""
+    times = iteration_times(runs, iters)
+    sp = speedups(runs, iters, baseline=baseline).set_index(["config_id", "scheduler"])
+    order = plots.scheduler_order(runs["scheduler"])
+    rows = []
+    for _, t in times.iterrows():
+        grp = runs[(runs["config_id"] == t["config_id"]) & (runs["scheduler"] == t["scheduler"])]
+        key = (t["config_id"], t["scheduler"])
+        if t["scheduler"] == baseline:
+            speed = "1 (baseline)"
+        elif key in sp.index:
+            s = sp.loc[key]
+            speed = _ci(s["speedup"], s["ci_low"], s["ci_high"], ".2f")
+        else:
+            speed = "– (no baseline run)"
+        wait = (grp["wait_median_s"] / grp["iter_time_median_s"]).mean()
+        fid = grp["fidelity_ok"] if "fidelity_ok" in grp else pd.Series(None, index=grp.index, dtype=object)
+        rows.append({"configuration": t["config"], "scheduler": t["scheduler"], "runs": len(grp),
+                     "iteration (ms), 95% CI": _ci(t["iter_time_s"] * 1e3, t["ci_low"] * 1e3, t["ci_high"] * 1e3,
+                                                   ".0f"),
+                     f"speedup over {baseline}, 95% CI": speed, "blocked on gradients": f"{wait:.0%}",
+                     "efficiency": f"{grp['efficiency'].mean():.2f}" if "efficiency" in grp else "–",
+                     "fidelity passed": f"{int((fid == True).sum())}/{int(fid.notna().sum())}"  # noqa: E712
+                                        if fid.notna().any() else "not judged",
+                     "_sort": order.index(t["scheduler"])})
+    df = pd.DataFrame(rows)
+    # Configurations in sweep order, schedulers in the canonical order within each
+    df["_cfg"] = df["configuration"].map({c: i for i, c in enumerate(dict.fromkeys(times["config"]))})
+    return df.sort_values(["_cfg", "_sort"]).drop(columns=["_cfg", "_sort"])
+
+
+def _provenance(sweep_dir: Path, runs: pd.DataFrame) -> list[str]:
+    metas = []
+    for rid in runs["run_id"]:
+        p = sweep_dir / rid / "meta.json"
+        if p.exists():
+            metas.append(json.loads(p.read_text()))
+    if not metas:
+        return []
+    shas = sorted({m.get("git_sha", "?")[:10] + (" (dirty)" if m.get("git_dirty") else "") for m in metas})
+    kernels = sorted({m.get("kernel", "?") for m in metas})
+    cpus = sorted({str(m.get("cpus", "?")) for m in metas})
+    v = metas[0].get("versions", {})
+    versions = ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "mininet") if k in v)
+    return [f"- Code: git {', '.join(shas)}; kernel {', '.join(kernels)}; {', '.join(cpus)} CPUs; {versions}."]
+
+
+def _setup(runs_all: pd.DataFrame, runs: pd.DataFrame, facts: pd.DataFrame) -> list[str]:
+    r = runs.iloc[0]
+    keys = swept_keys(runs)
+    lines = [f"- Runs: {len(runs_all)} recorded, {len(runs)} completed "
+             f"({', '.join(f'{n} {s}' for s, n in runs_all['status'].value_counts().items())})."]
+    lines.append(f"- Schedulers: {', '.join(plots.scheduler_order(runs['scheduler']))}.")
+    lines.append(f"- Workload: {', '.join(sorted(runs['workload.model'].astype(str).unique()))} "
+                 f"({r['workload.preset']}, {r['num_params']:,} parameters in {r['num_tensors']} tensors), "
+                 f"batch {r['workload.batch_size']}, {r['workload.iterations']} iterations of which the first "
+                 f"{r['workload.warmup']} are warm-up and left out, {r['compute_mode']} compute.")
+    lines.append(f"- Roles: {r['num_workers']} workers ({', '.join(json.loads(r['roles.workers']))}), servers: "
+                 f"{', '.join(json.loads(r['roles.servers'])) or 'none'}; topology {r.get('topology.kind', '?')}.")
+    for k in keys:
+        vals = ", ".join(str(v) for v in dict.fromkeys(runs[f"point.{k}"].tolist()))
+        lines.append(f"- Swept: {key_label(k, runs)} (`{k}`) = {vals}.")
+    lines.append(f"- Configurations: {len(facts)} — " + "; ".join(
+        f"{f['config']}" + (f": {f['network']}" if f["network"] and f["network"] != f["config"] else "")
+        + (" (shared or time-varying bandwidth)" if f["dynamic"] else "") for _, f in facts.iterrows()) + ".")
+    reps = runs.groupby(["config_id", "scheduler"])["run_id"].nunique()
+    per = f"{reps.min()}" if reps.min() == reps.max() else f"{reps.min()}–{reps.max()}"
+    lines.append(f"- Runs per configuration and scheduler: {per}. 95% intervals: where every scheduler of a "
+                 f"configuration has at least {MIN_REPEATS} runs, a {METHOD['repeats']} (estimate: ratio of "
+                 f"geometric means); otherwise a {METHOD['iterations']} (estimate: ratio of medians), which "
+                 f"reflects the noise within those runs only, not run-to-run variation.")
+    return lines
+
+
+def _fidelity(runs_all: pd.DataFrame) -> list[str]:
+    f = fidelity.summary(runs_all)
+    out = [f"Of {f['runs']} runs, {f['completed']} completed. Of those, **{f['passed']} passed** the fidelity "
+           f"check and **{f['failed']} failed** it" + (f" ({f['unjudged']} have no verdict)" if f["unjudged"] else "")
+           + ". A failed check does not drop a run from the figures; it says that the emulation may not have "
+             "behaved like the configured network (e.g. CPU contention adds time that is not communication)."]
+    if len(f["reasons"]):
+        out += ["", "Why runs failed the check (a run can fail for several reasons):", "",
+                md_table(f["reasons"].rename(columns={"category": "reason", "runs": "runs affected",
+                                                      "example": "example"}))]
+    if len(f["not_completed"]):
+        out += ["", "Runs that did not complete:", "", md_table(f["not_completed"])]
+    return out
+
+
+def _claims(runs: pd.DataFrame, iters: pd.DataFrame, facts: pd.DataFrame) -> list[str]:
+    table = claims_mod.evaluate(runs, iters, facts)
+    out = ["Each claim is tested only where this sweep ran the claimed scheduler and a baseline on the same "
+           "configuration under the claim's condition. Settings differ from the papers', so agreement is "
+           "indicative only.", ""]
+    for (paper, claim), grp in table.groupby(["paper", "claim"], sort=False):
+        first = grp.iloc[0]
+        out.append(f"- **{paper}: {claim}** (paper: {first['paper_setting']}; condition: {first['condition']})")
+        for _, row in grp.iterrows():
+            if row["testable"]:
+                out.append(f"  - over `{row['baseline']}`: measured {row['measured']} — {row['verdict']}. "
+                           f"Our setting: {row['our_setting']}.")
+            else:
+                out.append(f"  - {row['measured']}.")
+        if first["note"]:
+            out.append(f"  - Note: {first['note']}")
+    return out
+
+
+def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "fifo") -> Path:
+    """Write report.md and its figures into `out_dir` (default: <sweep>/report); returns its path."""
+    sweep_dir = Path(sweep_dir)
+    out_dir = Path(out_dir) if out_dir else sweep_dir / "report"
+    runs_all = load_runs(sweep_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = runs_all["sweep"].iloc[0] if len(runs_all) else sweep_dir.name
+    md = [f"# Sweep `{name}`: gradient-communication schedulers compared", "",
+          f"Generated by `./inv report {sweep_dir}` on {dt.date.today().isoformat()} from `{sweep_dir}/runs.parquet` "
+          f"and the run directories. Figures are PNG (shown) and PDF (linked) beside this file.", ""]
+    try:
+        runs, iters = load_comparison(sweep_dir)
+    except NoResults:
+        md += ["**No run of this sweep completed**, so there is nothing to compare.", "", "## Fidelity", "",
+               *_fidelity(runs_all)]
+        path = out_dir / "report.md"
+        path.write_text("\n".join(md) + "\n")
+        return path
+    facts = config_facts(runs, sweep_dir)
+    md += ["## Setup", "", *_setup(runs_all, runs, facts), *_provenance(sweep_dir, runs), ""]
+    md += ["## Summary", "", md_table(summary(runs, iters, baseline)), "",
+           "Iteration time: geometric mean of the runs' median iteration times, or the median of pooled "
+           "iterations (see Setup). Blocked on gradients: median time a worker waited for aggregates, as a "
+           "share of the median iteration. Efficiency: analytic lower bound / measured median (1 = as fast as possible).", ""]
+    md += ["## Figures", ""]
+    for stem, heading, fn, caption in FIGURES:
+        md += [f"### {heading}", ""]
+        kw = {"baseline": baseline} if fn is plots.speedup_plot else {}
+        try:
+            png = fn(sweep_dir, out=out_dir / f"{stem}.png", formats=("png", "pdf"), **kw)
+        except NoResults as e:  # includes plots.Skipped
+            md += [f"*Not drawn:* {e}.", ""]
+            continue
+        md += [f"![{heading}]({png.name})", "", f"{caption} ([PDF]({png.with_suffix('.pdf').name}))", ""]
+    md += ["## Fidelity", "", *_fidelity(runs_all), ""]
+    md += ["## Paper claims beside this sweep", "", *_claims(runs, iters, facts), ""]
+    md += ["## Reproduce", "", f"- This report: `./inv report {sweep_dir}`.",
+           "- A figure from the tables in pandas: `notebooks/reproduce_figure.ipynb`.", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(md))
+    return path
