@@ -204,6 +204,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
         with Testbed(exp.net, state) as tb:
             row["bringup_s"] = tb.bringup_s
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
+            row["monitor_t0_wall"] = t0_wall  # wall-clock time of t = 0 in links/qdiscs/cpu tables
         row["teardown_s"] = getattr(tb, "teardown_s", None)
         iters, summaries, events = _collect(rec_dir, len(exp.roles.workers))
         tables["iterations"], tables["events"] = iters, events
