@@ -86,6 +86,10 @@ class Scheduler(abc.ABC):
         if self.ctx.trace:
             self.events.append((what, key, chunk, it, time.time()))
 
+    def info(self) -> dict[str, Any]:
+        """What the run should keep about this scheduler's decisions (e.g. forest's plan)."""
+        return {}
+
     @abc.abstractmethod
     def start(self, tensors: list[TensorSpec]) -> None: ...
 

@@ -1,16 +1,27 @@
-"""Worker side of the parameter-server family, built around one task abstraction.
+"""Worker side of the parameter-server family.
 
-A `CommTask` (after ByteScheduler's ByteTask) is one tensor's gradient for one iteration,
-or one partition of it, moving through explicit states:
+`PSBase` holds what every member shares: one connection and one priority outbox per server,
+a HELLO that names the server mode the scheduler speaks, a receive thread per server,
+`wait`, `close`, and failure handling (the first error is kept, every server is told why,
+and `wait` raises it). Two protocols build on it:
 
-    POSTED   the whole gradient was handed to push()
-    READY    partitioned, waiting in the priority queue for credit
-    STARTED  pushed to its server (holding credit until the server acknowledges it),
-             then pulled
-    FINISHED the averaged slice is in the result buffer
+- `PSScheduler` (push, ACK, pull), built around one task abstraction. A `CommTask` (after
+  ByteScheduler's ByteTask) is one tensor's gradient for one iteration, or one partition of
+  it, moving through explicit states:
 
-A subclass only chooses three things: the partition size, the credit window, and the
-priority order. `fifo` and `bytescheduler` are such subclasses.
+      POSTED   the whole gradient was handed to push()
+      READY    partitioned, waiting in the priority queue for credit
+      STARTED  pushed to its server (holding credit until the server acknowledges it),
+               then pulled
+      FINISHED the averaged slice is in the result buffer
+
+  A subclass only chooses the partition size, the credit window and the priority order
+  (`fifo`, `bytescheduler`).
+
+- `PushScheduler` (push, result comes back unasked): every slice goes straight into its
+  server's outbox, ordered by (iteration, layer priority, slice), and the server returns
+  the average of each slice as soon as every worker's copy is in. A subclass chooses the
+  slice size and which server gets which slice (`p3`, `mercury`).
 """
 from __future__ import annotations
 
@@ -24,9 +35,128 @@ from typing import ClassVar
 import numpy as np
 
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
-from schedulers.transport import Connection, Kind, Outbox, connect
+from schedulers.transport import Connection, Header, Kind, Mode, Outbox, abort_all, connect
 
 
+def assign_servers(slots: list[tuple[int, int, int]], num_servers: int) -> dict[tuple[int, int], int]:
+    """Spread (key, chunk, numel) slots over servers, balanced by bytes: largest first, to the
+    least loaded server. Deterministic, so every worker computes the same map."""
+    load = [0] * num_servers
+    out: dict[tuple[int, int], int] = {}
+    for key, chunk, numel in sorted(slots, key=lambda s: (-s[2], s[0], s[1])):
+        s = min(range(num_servers), key=lambda i: (load[i], i))
+        out[(key, chunk)] = s
+        load[s] += numel
+    return out
+
+
+def chunk_sizes(numel: int, step: int | None) -> list[int]:
+    """Sizes of the slices of a `numel`-element tensor cut every `step` (None: whole)."""
+    step = step or max(numel, 1)
+    return [min(step, numel - off) for off in range(0, max(numel, 1), step)]
+
+
+class PSBase(Scheduler):
+    """Connections, receive loops, wait/close and failure handling for the PS family."""
+
+    server_mode: ClassVar[Mode]
+    CLOSE_WAIT_S: ClassVar[float] = 10.0  # for the servers' BYE after ours
+
+    def __init__(self, ctx: RoleContext, params: SchedulerParams):
+        super().__init__(ctx, params)
+        self._cv = threading.Condition()
+        self._done_it: dict[int, int] = {}     # key -> last iteration whose result is complete
+        self._error: BaseException | None = None
+        self._closing = False
+        self.conns: list[Connection] = []
+        self.outboxes: list[Outbox] = []
+        self._threads: list[threading.Thread] = []
+
+    # ------------------------------------------------------------------ setup
+    def _connect(self) -> None:
+        on_send = self._trace_send if self.ctx.trace else None
+        try:
+            for i, ep in enumerate(self.ctx.servers):
+                conn = connect(ep.ip, ep.port, f"server {i} ({ep.host} {ep.ip}:{ep.port})",
+                               self.ctx.connect_timeout_s)
+                self.conns.append(conn)
+                conn.send(Kind.HELLO, key=self.ctx.num_workers, chunk=self.server_mode, sender=self.ctx.rank)
+                self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank, on_send=on_send))
+        except BaseException as e:
+            for conn in self.conns:
+                conn.abort(str(e), self.ctx.rank)
+            raise
+        self._threads = [threading.Thread(target=self._receive, args=(i,), daemon=True, name=f"recv-s{i}")
+                         for i in range(len(self.conns))]
+        for th in self._threads:
+            th.start()
+
+    def _trace_send(self, kind: Kind, key: int, chunk: int, it: int) -> None:
+        if kind == Kind.PUSH:
+            self.event("send", key, chunk, it)
+
+    # ------------------------------------------------------------------ API
+    def wait(self, key: int, it: int) -> np.ndarray:
+        with self._cv:
+            while self._done_it.get(key, -1) < it:
+                self._raise_if_failed()
+                self._cv.wait(timeout=1.0)
+            return self.out[key]
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            failed = self._error is not None
+            self._cv.notify_all()
+        if not failed:
+            for ob in self.outboxes:
+                ob.close()
+            # Each server answers our BYE with its own once it has sent us everything.
+            for th in self._threads:
+                th.join(self.CLOSE_WAIT_S)
+        for conn in self.conns:
+            conn.close()
+
+    # ------------------------------------------------------------------ failure
+    def _fail(self, err: BaseException) -> None:
+        """Keep the first error, wake `wait`, and tell every server why we stop."""
+        with self._cv:
+            if self._error is not None or self._closing:
+                return
+            self._error = err
+            self._cv.notify_all()
+        abort_all(self.outboxes, str(err))  # the server prefixes our name
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise CommError(str(self._error))
+
+    # ------------------------------------------------------------------ receive
+    def _receive(self, s: int) -> None:
+        conn = self.conns[s]
+        try:
+            while True:
+                h = conn.recv_header()
+                if h.kind == Kind.BYE:
+                    if not self._closing:
+                        raise CommError(f"{conn.peer} ended the session early")
+                    return
+                if h.kind == Kind.ABORT:
+                    raise CommError(f"{conn.peer} reports: {conn.recv_text(h.nbytes)}")
+                self._on_frame(s, conn, h)
+        except BaseException as e:  # noqa: BLE001
+            self._fail(e)
+
+    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+        raise NotImplementedError
+
+    def _complete(self, key: int, it: int) -> None:
+        """Caller holds self._cv: key's result for `it` is entirely in self.out[key]."""
+        self._done_it[key] = it
+        self._cv.notify_all()
+
+
+# ====================================================================== push, ACK, pull
 class State(Enum):
     POSTED = "posted"
     READY = "ready"
@@ -62,21 +192,10 @@ class CommTask:
         return parts
 
 
-def assign_servers(slots: list[tuple[int, int, int]], num_servers: int) -> dict[tuple[int, int], int]:
-    """Spread (key, chunk, numel) slots over servers, balanced by bytes: largest first, to the
-    least loaded server. Deterministic, so every worker computes the same map."""
-    load = [0] * num_servers
-    out: dict[tuple[int, int], int] = {}
-    for key, chunk, numel in sorted(slots, key=lambda s: (-s[2], s[0], s[1])):
-        s = min(range(num_servers), key=lambda i: (load[i], i))
-        out[(key, chunk)] = s
-        load[s] += numel
-    return out
-
-
-class PSScheduler(Scheduler):
+class PSScheduler(PSBase):
     """Push/ACK/pull client; subclasses set `partition_numel`, `credit_numel` and `order`."""
 
+    server_mode = Mode.PULL
     partition_numel: ClassVar[int | None] = None
 
     def credit_numel(self) -> int | None:
@@ -87,43 +206,25 @@ class PSScheduler(Scheduler):
 
     def __init__(self, ctx: RoleContext, params: SchedulerParams):
         super().__init__(ctx, params)
-        self._cv = threading.Condition()
         self._queue: list = []
         self._inflight: dict[tuple[int, int, int], CommTask] = {}
         self._inflight_numel = 0
         self._pending: dict[int, int] = {}     # key -> chunks of its latest push not finished
-        self._done_it: dict[int, int] = {}     # key -> last iteration whose result is complete
         self._seq = itertools.count()
-        self._error: BaseException | None = None
-        self._closing = False
 
-    # ------------------------------------------------------------------ setup
     def start(self, tensors: list[TensorSpec]) -> None:
         self.tensors = {t.key: t for t in tensors}
         self.out = {t.key: np.empty(t.numel, dtype=np.float32) for t in tensors}
         size = self._partition_size()
-        slots = []
-        for t in tensors:
-            step = size if size else max(t.numel, 1)
-            slots += [(t.key, c, min(step, t.numel - off)) for c, off in enumerate(range(0, max(t.numel, 1), step))]
+        slots = [(t.key, c, n) for t in tensors for c, n in enumerate(chunk_sizes(t.numel, size))]
         self.server_of = assign_servers(slots, len(self.ctx.servers))
-        self.conns: list[Connection] = []
-        self.outboxes: list[Outbox] = []
-        for i, ep in enumerate(self.ctx.servers):
-            conn = connect(ep.ip, ep.port, f"server {i} ({ep.host} {ep.ip}:{ep.port})", self.ctx.connect_timeout_s)
-            conn.send(Kind.HELLO, key=self.ctx.num_workers, sender=self.ctx.rank)
-            self.conns.append(conn)
-            self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank))
-        self._threads = [threading.Thread(target=self._receive, args=(i,), daemon=True, name=f"recv-s{i}")
-                         for i in range(len(self.conns))]
-        self._threads.append(threading.Thread(target=self._dispatch, daemon=True, name="dispatch"))
-        for th in self._threads:
-            th.start()
+        self._connect()
+        dispatch = threading.Thread(target=self._dispatch, daemon=True, name="dispatch")
+        dispatch.start()
 
     def _partition_size(self) -> int | None:
         return self.partition_numel
 
-    # ------------------------------------------------------------------ API
     def push(self, key: int, grad: np.ndarray, it: int) -> None:
         spec = self.tensors[key]
         task = CommTask(key=key, it=it, priority=spec.priority, data=grad.reshape(-1), seq=next(self._seq))
@@ -136,40 +237,6 @@ class PSScheduler(Scheduler):
                 p.order = self.order(p)
                 heapq.heappush(self._queue, (p.order, p.seq, p.chunk, p))
             self._cv.notify_all()
-
-    def wait(self, key: int, it: int) -> np.ndarray:
-        with self._cv:
-            while self._done_it.get(key, -1) < it:
-                self._raise_if_failed()
-                self._cv.wait(timeout=1.0)
-            return self.out[key]
-
-    def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify_all()
-        for ob in getattr(self, "outboxes", []):
-            ob.close()
-        for conn in getattr(self, "conns", []):
-            # The server answers our BYE by closing; wait for that so nothing is cut off.
-            try:
-                conn.sock.settimeout(10)
-                while conn.sock.recv(65536):
-                    pass
-            except OSError:
-                pass
-            conn.close()
-
-    # ------------------------------------------------------------------ threads
-    def _fail(self, err: BaseException) -> None:
-        with self._cv:
-            if self._error is None and not self._closing:
-                self._error = err
-            self._cv.notify_all()
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise CommError(str(self._error))
 
     def _dispatch(self) -> None:
         """Move READY tasks to their server in priority order while credit allows."""
@@ -186,33 +253,25 @@ class PSScheduler(Scheduler):
                 task.state = State.STARTED
                 self._inflight[(task.key, task.chunk, task.it)] = task
                 self._inflight_numel += task.numel
-            self.outboxes[task.server].put(task.order, Kind.PUSH, task.key, task.chunk, task.it, task.data)
+            self.outboxes[task.server].put(task.order, Kind.PUSH, task.key, task.chunk, task.it, task.data,
+                                           priority=task.priority)
 
-    def _receive(self, s: int) -> None:
-        conn = self.conns[s]
-        try:
-            while True:
-                h = conn.recv_header()
-                if h.kind == Kind.BYE:
-                    if not self._closing:
-                        raise CommError(f"{conn.peer} ended the session early")
-                    return
-                with self._cv:
-                    task = self._inflight.get((h.key, h.chunk, h.it))
-                if task is None:
-                    raise CommError(f"{conn.peer} sent {h.kind.name} for unknown slot {h.key}/{h.chunk}/it {h.it}")
-                if h.kind == Kind.ACK:
-                    self._acked(task)
-                    self.outboxes[s].put(task.order, Kind.PULL, task.key, task.chunk, task.it)
-                elif h.kind == Kind.RESULT:
-                    if h.nbytes != task.numel * 4:
-                        raise CommError(f"{conn.peer} sent {h.nbytes} bytes for a {task.numel}-element slice")
-                    conn.recv_into(memoryview(self.out[task.key][task.offset:task.offset + task.numel]))
-                    self._finish(task)
-                else:
-                    raise CommError(f"{conn.peer} sent unexpected {h.kind.name}")
-        except BaseException as e:  # noqa: BLE001
-            self._fail(e)
+    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+        with self._cv:
+            task = self._inflight.get((h.key, h.chunk, h.it))
+        if task is None:
+            raise CommError(f"{conn.peer} sent {h.kind.name} for unknown slot {h.key}/{h.chunk}/it {h.it}")
+        if h.kind == Kind.ACK:
+            self._acked(task)
+            self.outboxes[s].put(task.order, Kind.PULL, task.key, task.chunk, task.it, priority=task.priority)
+        elif h.kind == Kind.RESULT:
+            if h.nbytes != task.numel * 4:
+                raise CommError(f"{conn.peer} sent {h.nbytes} bytes for a {task.numel}-element slice")
+            conn.recv_into(memoryview(self.out[task.key][task.offset:task.offset + task.numel]))
+            self.event("recv", task.key, task.chunk, task.it)
+            self._finish(task)
+        else:
+            raise CommError(f"{conn.peer} sent unexpected {h.kind.name}")
 
     def _acked(self, task: CommTask) -> None:
         # Credit is returned when the server has the push, not when the pull completes:
@@ -229,5 +288,77 @@ class PSScheduler(Scheduler):
             del self._inflight[(task.key, task.chunk, task.it)]
             self._pending[task.key] -= 1
             if self._pending[task.key] == 0:
-                self._done_it[task.key] = task.it
-            self._cv.notify_all()
+                self._complete(task.key, task.it)
+
+
+# ====================================================================== push, result unasked
+@dataclass(eq=False)
+class KeyState:
+    """One tensor's slices and which of its latest push's results are back."""
+
+    priority: int
+    step: int                 # elements per slice (the last one may be shorter)
+    sizes: list[int]
+    servers: list[int]        # server of each slice
+    it: int = -1
+    missing: int = 0
+    got: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+
+class PushScheduler(PSBase):
+    """The server answers each push with the slice's average: no ACK, no PULL, no credit.
+    Priority acts twice: the per-server outbox always sends its best (iteration, layer
+    priority, slice) next, and the server orders its sends the same way."""
+
+    def slice_numel(self) -> int:
+        raise NotImplementedError
+
+    def layout(self, tensors: list[TensorSpec], sizes: dict[int, list[int]]) -> dict[int, list[int]]:
+        """key -> server of each of its slices."""
+        raise NotImplementedError
+
+    def start(self, tensors: list[TensorSpec]) -> None:
+        self.out = {t.key: np.empty(t.numel, dtype=np.float32) for t in tensors}
+        step = self.slice_numel()
+        sizes = {t.key: chunk_sizes(t.numel, step) for t in tensors}
+        servers = self.layout(tensors, sizes)
+        self._keys = {t.key: KeyState(t.priority, step, sizes[t.key], servers[t.key],
+                                      got=np.zeros(len(sizes[t.key]), bool)) for t in tensors}
+        self._connect()
+
+    def push(self, key: int, grad: np.ndarray, it: int) -> None:
+        st = self._keys[key]
+        flat = grad.reshape(-1)
+        with self._cv:
+            self._raise_if_failed()
+            if st.missing:
+                raise CommError(f"key {key}: iteration {it} pushed before iteration {st.it} came back")
+            st.it, st.missing = it, len(st.sizes)
+            st.got[:] = False
+        batches: dict[int, list[tuple]] = {}
+        for c, n in enumerate(st.sizes):
+            off = c * st.step
+            batches.setdefault(st.servers[c], []).append(
+                ((it, st.priority, c), Kind.PUSH, key, c, it, flat[off:off + n], st.priority, None))
+        for s, frames in batches.items():
+            self.outboxes[s].put_many(frames)
+
+    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+        st = self._keys.get(h.key)
+        if h.kind != Kind.RESULT or st is None:
+            raise CommError(f"{conn.peer} sent unexpected {h.kind.name} for key {h.key}")
+        c = h.chunk
+        with self._cv:
+            ok = (h.it == st.it and st.missing and 0 <= c < len(st.sizes) and not st.got[c]
+                  and st.servers[c] == s and h.nbytes == 4 * st.sizes[c])
+        if not ok:
+            raise CommError(f"{conn.peer} sent an unexpected result: key {h.key} slice {c} it {h.it}, "
+                            f"{h.nbytes} bytes")
+        off = c * st.step
+        conn.recv_into(memoryview(self.out[h.key][off:off + st.sizes[c]]))
+        self.event("recv", h.key, c, h.it)
+        with self._cv:
+            st.got[c] = True
+            st.missing -= 1
+            if st.missing == 0:
+                self._complete(h.key, h.it)

@@ -10,8 +10,13 @@ from pydantic import BaseModel
 from schedulers.base import RoleContext, Scheduler
 from schedulers.bytescheduler import ByteScheduler
 from schedulers.fifo import FIFO
+from schedulers.forest import Forest
+from schedulers.gloo import Gloo
+from schedulers.mercury import Mercury
+from schedulers.p3 import P3
+from schedulers.ring import Ring
 
-SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (FIFO, ByteScheduler)}
+SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (FIFO, ByteScheduler, P3, Mercury, Ring, Gloo, Forest)}
 
 
 def params_models() -> dict[str, type[BaseModel]]:

@@ -1,0 +1,398 @@
+"""Ring all-reduce among the workers over our own TCP transport (the collective baseline).
+
+Buckets (as in PyTorch DDP). Gradients are fused into flat buckets of about `bucket_mb`,
+filled in the order backward is expected to produce them (the layer farthest from the
+input first); the first bucket is capped at `first_bucket_mb` so communication starts
+early. Every worker computes the same buckets from the same tensor list. A bucket is
+launched the moment its last gradient is pushed, so buckets go out in readiness order.
+
+Ring. Worker i sends only to worker i+1 and receives only from worker i-1. A bucket is
+cut into one segment per worker and each segment into chunks of `chunk_kb`. Segment s is
+reduced along s+1 -> s+2 -> ... -> s (reduce-scatter: each hop adds its own values and
+passes the partial sum on), averaged at s, then passed s -> s+1 -> ... -> s-1
+(all-gather). That is 2(n-1)/n of the bucket over every link, the bandwidth optimum.
+
+Pipelining. There are no lock-step rounds: each chunk is forwarded the moment it arrives
+and the local gradient is there (a partial sum that arrives before our own push waits in
+memory). All n segments start at once, every link carries a chunk while the next is being
+added, and later buckets overlap earlier ones, so no link idles while the ring has bytes
+for it. Among queued frames a link sends the oldest iteration, then the earliest bucket,
+then the chunk furthest along its path, which finishes buckets in order. With every
+connection shaped to a fixed rate, an all-reduce takes ~1.03x the bandwidth optimum
+(tests/test_schedulers_collective.py checks < 1.25x).
+
+`wait` returns a view of the bucket's result buffer: it holds the average until that
+gradient is pushed again (the trainer applies it before the next backward).
+
+Failure. Worker i also watches the connection to i+1 (which carries nothing back except
+BYE or ABORT), so the death of either neighbour is seen at once, even when idle. A worker
+that fails, or learns of a failure, sends ABORT with the reason to both neighbours, who
+pass it on: every worker raises a CommError naming the peer that died.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+from pydantic import Field
+
+from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.transport import Connection, Kind, Outbox, connect, listen
+
+MiB = 1024 * 1024
+
+
+class RingParams(SchedulerParams):
+    requires_servers: ClassVar[bool] = False
+    bucket_mb: float = Field(default=25.0, gt=0, description="bucket cap in MiB (DDP's bucket_cap_mb)")
+    first_bucket_mb: float = Field(default=1.0, gt=0, description="cap of the first bucket in MiB (DDP)")
+    chunk_kb: int = Field(default=256, gt=0, description="KiB per frame passed around the ring")
+
+
+# ---------------------------------------------------------------------------- buckets
+@dataclass
+class Bucket:
+    """Gradients fused into one flat buffer; `offsets[key]` is where each one starts."""
+
+    index: int
+    keys: list[int]
+    offsets: dict[int, int]
+    numel: int
+
+
+def assign_buckets(tensors: list[TensorSpec], cap_bytes: int, first_cap_bytes: int) -> list[Bucket]:
+    """DDP's rule over the expected readiness order: add tensors to the current bucket until
+    it reaches its cap (a tensor larger than the cap gets a bucket of its own)."""
+    order = sorted(tensors, key=lambda t: (-t.priority, -t.key))  # backward: output side first
+    buckets: list[Bucket] = []
+    keys: list[int] = []
+    offsets: dict[int, int] = {}
+    numel = 0
+    for t in order:
+        keys.append(t.key)
+        offsets[t.key] = numel
+        numel += t.numel
+        if numel * 4 >= (first_cap_bytes if not buckets else cap_bytes):
+            buckets.append(Bucket(len(buckets), keys, offsets, numel))
+            keys, offsets, numel = [], {}, 0
+    if keys:
+        buckets.append(Bucket(len(buckets), keys, offsets, numel))
+    return buckets
+
+
+# ---------------------------------------------------------------------------- ring state
+@dataclass(frozen=True)
+class Chunk:
+    segment: int
+    lo: int
+    hi: int
+
+
+@dataclass(eq=False)
+class RingBucket:
+    """A bucket and its progress at this worker. inp holds our gradients, out the averages."""
+
+    spec: Bucket
+    chunks: list[Chunk]
+    own: list[int]                 # chunks this worker starts (segment rank-1)
+    inp: np.ndarray
+    out: np.ndarray
+    filled: int = 0                # gradients pushed for the next launch...
+    filling_it: int = -1           # ...which is of this iteration
+    launched_it: int = -1
+    done_it: int = -1
+    finished: int = 0              # chunks of launched_it whose average is in `out`
+    early: dict[int, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
+
+
+def ring_chunks(numel: int, n: int, chunk_numel: int) -> list[Chunk]:
+    """n near-equal segments, each cut into chunks of at most chunk_numel (empty ones dropped)."""
+    out = []
+    for s in range(n):
+        lo, hi = s * numel // n, (s + 1) * numel // n
+        out += [Chunk(s, a, min(a + chunk_numel, hi)) for a in range(lo, hi, chunk_numel)]
+    return out
+
+
+class Ring(Scheduler):
+    name = "ring"
+    Params = RingParams
+
+    def __init__(self, ctx: RoleContext, params: RingParams):
+        super().__init__(ctx, params)
+        self.n, self.rank = ctx.num_workers, ctx.rank
+        self.right_rank, self.left_rank = (self.rank + 1) % self.n, (self.rank - 1) % self.n
+        self._cv = threading.Condition()
+        self._error: str | None = None
+        self._closing = False
+        self._pushed: dict[int, int] = {}
+        self._threads: list[threading.Thread] = []
+        self._ended = 0  # neighbours that said BYE (or vanished while we close)
+        self._connected = False
+        self.buckets: list[RingBucket] = []
+
+    def _peer(self, rank: int) -> str:
+        ep = self.ctx.workers[rank]
+        return f"worker {rank} ({ep.host} {ep.ip}:{ep.port})"
+
+    # ------------------------------------------------------------------ setup
+    def start(self, tensors: list[TensorSpec]) -> None:
+        p = self.params
+        specs = assign_buckets(tensors, int(p.bucket_mb * MiB), int(p.first_bucket_mb * MiB))
+        chunk_numel = max(1, p.chunk_kb * 1024 // 4)
+        for b in specs:
+            chunks = ring_chunks(b.numel, self.n, chunk_numel)
+            own = [c for c, ch in enumerate(chunks) if ch.segment == self.left_rank] if self.n > 1 else []
+            self.buckets.append(RingBucket(b, chunks, own, np.zeros(b.numel, np.float32),
+                                           np.zeros(b.numel, np.float32)))
+        self.bucket_of = {k: rb for rb in self.buckets for k in rb.spec.keys}
+        self.numel = {t.key: t.numel for t in tensors}
+        self._pushed = {t.key: -1 for t in tensors}
+        if self.n > 1:
+            self._connect()
+
+    def _connect(self) -> None:
+        """Listen, connect to the right neighbour, accept the left one; HELLO names each.
+        A failure here is passed on to whichever neighbour is connected already, so that it
+        too names the worker that is missing."""
+        self.right = self.left = None
+        try:
+            self._handshake()
+        except CommError as e:
+            for conn in (self.right, self.left):
+                if conn is not None:
+                    conn.abort(str(e), self.rank)
+            raise
+        self.outbox = Outbox(self.right, lambda e: self._fail(str(e)), sender=self.rank)
+        self._threads = [threading.Thread(target=self._receive, daemon=True, name="ring-recv"),
+                         threading.Thread(target=self._watch_right, daemon=True, name="ring-watch")]
+        for th in self._threads:
+            th.start()
+        self._connected = True
+
+    def _handshake(self) -> None:
+        me = self.ctx.workers[self.rank]
+        listener = listen("0.0.0.0", me.port)
+        try:
+            listener.settimeout(self.ctx.connect_timeout_s)
+            right = self.ctx.workers[self.right_rank]
+            self.right = connect(right.ip, right.port, self._peer(self.right_rank), self.ctx.connect_timeout_s)
+            self.right.send(Kind.HELLO, key=self.n, sender=self.rank)
+            try:
+                sock, addr = listener.accept()
+            except TimeoutError:
+                raise CommError(f"{self._peer(self.left_rank)} never connected within "
+                                f"{self.ctx.connect_timeout_s:.0f} s") from None
+        finally:
+            listener.close()
+        sock.settimeout(self.ctx.connect_timeout_s)
+        self.left = Connection(sock, self._peer(self.left_rank))
+        h = self.left.recv_header()
+        if h.kind != Kind.HELLO or h.sender != self.left_rank or h.key != self.n:
+            raise CommError(f"{addr[0]}:{addr[1]}: expected HELLO from worker {self.left_rank} of {self.n}, "
+                            f"got {h.kind.name} from {h.sender} of {h.key}")
+        sock.settimeout(None)
+
+    def info(self) -> dict:
+        return {"bucket_numel": [rb.spec.numel for rb in self.buckets],
+                "chunks_per_bucket": [len(rb.chunks) for rb in self.buckets]}
+
+    # ------------------------------------------------------------------ API
+    def push(self, key: int, grad: np.ndarray, it: int) -> None:
+        rb = self.bucket_of[key]
+        with self._cv:
+            self._raise_if_failed()
+            if it <= self._pushed[key]:
+                raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
+            if rb.filled and rb.filling_it != it:
+                raise ValueError(f"key {key}: pushed for iteration {it} while its bucket still misses "
+                                 f"gradients of iteration {rb.filling_it}")
+            self._pushed[key] = it
+            rb.filling_it = it
+            while rb.done_it != rb.launched_it:  # our buffers still serve the previous launch
+                self._cv.wait(1.0)
+                self._raise_if_failed()
+        off = rb.spec.offsets[key]
+        np.copyto(rb.inp[off:off + self.numel[key]], grad.reshape(-1))
+        with self._cv:
+            rb.filled += 1
+            if rb.filled < len(rb.spec.keys):
+                return
+            rb.filled = 0
+            rb.launched_it, rb.finished = it, 0
+            early = rb.early.pop(it, [])
+        self._launch(rb, it, early)
+
+    def wait(self, key: int, it: int) -> np.ndarray:
+        rb = self.bucket_of[key]
+        with self._cv:
+            if self._pushed[key] < it:
+                raise ValueError(f"wait({key}, {it}) before that gradient was pushed")
+            while rb.done_it < it:
+                self._raise_if_failed()
+                self._cv.wait(1.0)
+        off = rb.spec.offsets[key]
+        return rb.out[off:off + self.numel[key]]
+
+    def close(self) -> None:
+        """Finish what was launched, then BYE both ways and wait for both neighbours' BYE, so
+        no byte in flight is cut off. Closing with work unfinished is a failure (ABORT)."""
+        with self._cv:
+            if self._closing:
+                return
+            self._cv.wait_for(lambda: self._error is not None or all(
+                rb.done_it == rb.launched_it for rb in self.buckets), self.ctx.connect_timeout_s)
+            complete = self._error is None and all(
+                rb.filled == 0 and rb.done_it == self.buckets[0].done_it for rb in self.buckets)
+            self._closing = True
+        if not self._connected:  # one worker, or start() failed (and told the neighbours)
+            return
+        if not complete:
+            if self._error is None:
+                self._abort(f"{self._peer(self.rank)} closed with iterations unfinished")
+            return
+        self.outbox.close()
+        try:
+            self.left.send(Kind.BYE, sender=self.rank)
+        except CommError:
+            pass
+        with self._cv:
+            self._cv.wait_for(lambda: self._ended >= 2, self.ctx.connect_timeout_s)
+        self.right.close()
+        self.left.close()
+
+    # ------------------------------------------------------------------ data path
+    def _launch(self, rb: RingBucket, it: int, early: list[tuple[int, np.ndarray]]) -> None:
+        for key in rb.spec.keys:
+            self.event("send", key, 0, it)
+        if self.n == 1:
+            np.copyto(rb.out, rb.inp)
+            self._finished(rb, it, len(rb.chunks))
+            return
+        if not rb.chunks:  # an empty bucket: nothing to reduce
+            self._finished(rb, it, 0)
+            return
+        b = rb.spec.index
+        own = [rb.chunks[c] for c in rb.own]
+        self.outbox.put_many([((it, b, 0, c), Kind.PUSH, b, c, it, rb.inp[ch.lo:ch.hi], 0, None)
+                              for c, ch in zip(rb.own, own)])
+        for c, partial in early:
+            self._reduce(rb, c, it, partial)
+
+    def _reduce(self, rb: RingBucket, c: int, it: int, partial: np.ndarray) -> None:
+        """A partial sum of chunk c from the left: add ours, then pass it on or, when the
+        segment is ours, average it and start its all-gather."""
+        ch = rb.chunks[c]
+        partial += rb.inp[ch.lo:ch.hi]
+        b = rb.spec.index
+        if ch.segment == self.rank:
+            res = rb.out[ch.lo:ch.hi]
+            np.divide(partial, self.n, out=res)
+            self.outbox.put((it, b, -(self.n - 1), c), Kind.RESULT, b, c, it, res)
+            self._finished(rb, it, 1)
+        else:
+            stage = (self.rank - ch.segment - 1) % self.n
+            self.outbox.put((it, b, -stage, c), Kind.PUSH, b, c, it, partial)
+
+    def _gather(self, rb: RingBucket, c: int, it: int) -> None:
+        """The average of chunk c has landed in `out`: pass it on unless the next worker owns it."""
+        ch = rb.chunks[c]
+        if self.right_rank != ch.segment:
+            b = rb.spec.index
+            stage = self.n - 1 + (self.rank - ch.segment) % self.n
+            self.outbox.put((it, b, -stage, c), Kind.RESULT, b, c, it, rb.out[ch.lo:ch.hi])
+        self._finished(rb, it, 1)
+
+    def _finished(self, rb: RingBucket, it: int, count: int) -> None:
+        with self._cv:
+            rb.finished += count
+            if rb.finished < len(rb.chunks):
+                return
+            rb.done_it = it
+            self._cv.notify_all()
+        for key in rb.spec.keys:
+            self.event("recv", key, 0, it)
+
+    def _receive(self) -> None:
+        """Frames from the left neighbour: partial sums (PUSH) and averages (RESULT)."""
+        conn = self.left
+        try:
+            while True:
+                h = conn.recv_header()
+                if h.kind in (Kind.BYE, Kind.ABORT):
+                    self._peer_ends(conn, h)
+                    return
+                rb, ch = self._target(conn, h)
+                if h.kind == Kind.PUSH:
+                    partial = conn.recv_array(h.nbytes)
+                    with self._cv:
+                        ready = rb.launched_it == h.it
+                        if not ready:
+                            rb.early.setdefault(h.it, []).append((h.chunk, partial))
+                    if ready:
+                        self._reduce(rb, h.chunk, h.it, partial)
+                elif h.kind == Kind.RESULT:
+                    if rb.launched_it != h.it:
+                        raise CommError(f"{conn.peer} sent the average of bucket {h.key} for iteration {h.it} "
+                                        f"before we pushed it")
+                    conn.recv_into(memoryview(rb.out[ch.lo:ch.hi]))
+                    self._gather(rb, h.chunk, h.it)
+                else:
+                    raise CommError(f"{conn.peer} sent unexpected {h.kind.name}")
+        except BaseException as e:  # noqa: BLE001 - every failure ends the job, loudly
+            self._fail(str(e))
+
+    def _watch_right(self) -> None:
+        """The connection to the right carries nothing back but BYE or ABORT: EOF is death."""
+        conn = self.right
+        try:
+            h = conn.recv_header()
+            if h.kind not in (Kind.BYE, Kind.ABORT):
+                raise CommError(f"{conn.peer} sent unexpected {h.kind.name} backwards")
+            self._peer_ends(conn, h)
+        except BaseException as e:  # noqa: BLE001
+            self._fail(str(e))
+
+    def _target(self, conn: Connection, h) -> tuple[RingBucket, Chunk]:
+        if h.key >= len(self.buckets) or h.chunk >= len(self.buckets[h.key].chunks):
+            raise CommError(f"{conn.peer} sent chunk {h.key}/{h.chunk}, which does not exist")
+        rb = self.buckets[h.key]
+        ch = rb.chunks[h.chunk]
+        if h.nbytes != (ch.hi - ch.lo) * 4:
+            raise CommError(f"{conn.peer} sent {h.nbytes} bytes for chunk {h.key}/{h.chunk} "
+                            f"of {ch.hi - ch.lo} floats")
+        return rb, ch
+
+    # ------------------------------------------------------------------ ending
+    def _peer_ends(self, conn: Connection, h) -> None:
+        if h.kind == Kind.ABORT:
+            reason = conn.recv_text(h.nbytes) or f"{conn.peer} aborted"
+            self._fail(reason, via=conn.peer)
+            return
+        # A neighbour says BYE only once all its iterations are complete, which needs every
+        # worker's contribution: nothing we still need can come after it.
+        with self._cv:
+            self._ended += 1
+            self._cv.notify_all()
+
+    def _fail(self, reason: str, via: str | None = None) -> None:
+        """The first failure wins: remember it, wake waiters, tell both neighbours (who pass
+        the reason on unchanged, so it names the peer that failed first)."""
+        with self._cv:
+            if self._error is not None or self._closing:
+                self._ended += 1  # a neighbour went away while we close: stop waiting for it
+                self._cv.notify_all()
+                return
+            self._error = reason if via is None else f"{reason} (relayed by {via})"
+            self._cv.notify_all()
+        self._abort(reason)
+
+    def _abort(self, reason: str) -> None:
+        self.outbox.abort(reason)
+        self.left.abort(reason, self.rank)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise CommError(f"worker {self.rank}: {self._error}")
