@@ -187,3 +187,23 @@ def clean(c, force=False):
     for line in removed:
         print(f"removed {line}")
     print(f"clean: {len(removed)} leftover(s) removed")
+
+
+@task(help={"model": "a zoo model (cnn, alexnet, vgg, resnet, bert, lstm) or 'all'",
+            "preset": "tiny | small | paper (default: small)",
+            "batch-size": "samples per step (default 32); replay runs must use the same",
+            "iterations": "measured iterations (default: 3 for paper, 20 otherwise)",
+            "threads": "torch threads (default 1)"})
+def profile(c, model, preset="small", batch_size=32, iterations=None, threads=1):
+    """Measure a model's per-layer forward/backward times into profiles/<model>-<preset>.json (for replay)."""
+    import subprocess
+
+    from workloads.config import MODELS
+
+    models = [m for m, (_, presets) in MODELS.items() if preset in presets] if model == "all" else [model]
+    for m in models:  # one process per model: never two paper-scale models in memory at once
+        args = [sys.executable, "-m", "workloads.profile", m, preset, "--batch-size", str(batch_size),
+                "--threads", str(threads)] + (["--iterations", str(iterations)] if iterations else [])
+        rc = subprocess.run(args, cwd=REPO).returncode
+        if rc:
+            raise Exit(code=rc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata as md
 import json
+import math
 import os
 import platform
 import shutil
@@ -174,9 +175,26 @@ def summarize(exp: Experiment, iters: pd.DataFrame, summaries: list[dict]) -> di
         "first_loss": float(iters[iters["iteration"] == 0]["loss"].mean()),
         "params_consistent": len({s["checksum"] for s in summaries}) == 1,
         "compute_mode": summaries[0]["compute_mode"],
+        "replayed": summaries[0]["compute_mode"] == "replay",
+        "speedup": summaries[0].get("speedup", 1.0),
         "num_params": summaries[0]["num_params"],
         "num_tensors": summaries[0]["num_tensors"],
+        "peak_rss_bytes": max(s.get("peak_rss_bytes", 0) for s in summaries),
+        "final_accuracy": float(last["accuracy"].mean()) if "accuracy" in last else math.nan,
+        "eval_accuracy": _mean(s.get("eval_accuracy") for s in summaries),
+        "aggregate_max_abs_error": _max(s.get("aggregate_max_abs_error") for s in summaries),
+        "replay_max_late_s": _max(s.get("replay_max_late_s") for s in summaries),
     }
+
+
+def _mean(values) -> float:
+    vals = [v for v in values if v is not None]
+    return float(sum(vals) / len(vals)) if vals else math.nan
+
+
+def _max(values) -> float:
+    vals = [v for v in values if v is not None]
+    return float(max(vals)) if vals else math.nan
 
 
 def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
@@ -206,9 +224,16 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
             row["monitor_t0_wall"] = t0_wall  # wall-clock time of t = 0 in links/qdiscs/cpu tables
         row["teardown_s"] = getattr(tb, "teardown_s", None)
-        iters, summaries, events = _collect(rec_dir, len(exp.roles.workers))
-        tables["iterations"], tables["events"] = iters, events
+        iters, summaries, long_tables = _collect(rec_dir, len(exp.roles.workers))
+        tables["iterations"] = iters
+        tables.update(long_tables)
         row.update(summarize(exp, iters, summaries))
+        info = summaries[0].get("scheduler_info") or {}
+        if info:
+            write_text(run_dir / "scheduler_info.json", json.dumps(info, indent=1))
+            plan = info.get("plan") or {}
+            row.update({f"plan_{k}": plan.get(k) for k in ("rate_bps", "optimum_bps", "of_optimum", "ring_rate_bps")
+                        if k in plan})
         # Judge fidelity over the measured iterations (start-up imports saturate the CPU
         # while no gradient moves).
         measured = iters[iters["iteration"] >= min(exp.workload["warmup"], exp.workload["iterations"] - 1)]
@@ -284,8 +309,9 @@ def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple
     return out
 
 
-def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict], pd.DataFrame]:
-    frames, summaries, events = [], [], []
+def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict], dict[str, pd.DataFrame]]:
+    """Workers' records -> iterations table, summaries, and the long tables (events, layers)."""
+    frames, summaries, events, layers = [], [], [], []
     for rank in range(num_workers):
         path = rec_dir / f"worker{rank}.json"
         if not path.exists():
@@ -295,4 +321,6 @@ def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict],
         summaries.append(rec["summary"])
         ev = pd.DataFrame(rec.get("events", []), columns=["event", "key", "chunk", "iteration", "t"])
         events.append(ev.assign(rank=rank))
-    return pd.concat(frames, ignore_index=True), summaries, pd.concat(events, ignore_index=True)
+        layers.append(pd.DataFrame(rec.get("layers", [])))
+    return (pd.concat(frames, ignore_index=True), summaries,
+            {"events": pd.concat(events, ignore_index=True), "layers": pd.concat(layers, ignore_index=True)})

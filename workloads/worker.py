@@ -2,34 +2,44 @@
 
     python -m workloads.worker ROLE_SPEC.json
 
-Reads its role spec, trains, and writes `<out_dir>/worker<rank>.json`: one record per
-iteration plus a summary (parameter checksum, compute mode). Read top to bottom: this is
-the whole loop.
+Reads its role spec, trains (`compute: real`: PyTorch; `compute: replay`: a profile played
+back, without torch), and writes `<out_dir>/worker<rank>.json`:
+
+    iterations  one record per iteration: rank, iteration, start, end (wall clock),
+                compute_s, wait_s (blocked on gradients), loss, accuracy, samples_per_s
+    layers      one record per iteration and layer: rank, iteration, layer (its priority),
+                name, wait_s, forward_s, backward_s (definitions in timing.py)
+    summary     parameter checksum, compute mode, speedup, peak memory, ...
+    events      the scheduler's trace (if tracing)
+
+Read top to bottom: this is the whole loop.
 """
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import os
+import resource
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext
+from workloads import profile_file
 from workloads.config import WorkloadConfig
-from workloads.data import SyntheticImages
-from workloads.models import build
-from workloads.trainer import LayerwiseSGD
 
 
-def checksum(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()[:16]
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory. VmHWM, not getrusage: ru_maxrss survives exec,
+    so a worker started by a large parent (pytest with torch) would report the parent's."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main(spec_path: str) -> int:
@@ -37,10 +47,6 @@ def main(spec_path: str) -> int:
     rank, seed = spec["rank"], spec["seed"]
     wl = WorkloadConfig.model_validate(spec["workload"])
     out_dir = Path(spec["out_dir"])
-    torch.set_num_threads(wl.threads)
-
-    model = build(wl.model, wl.preset, seed)
-    data = SyntheticImages(seed, rank, wl.batch_size)
     ctx = RoleContext(
         rank=rank,
         num_workers=len(spec["workers"]),
@@ -52,21 +58,40 @@ def main(spec_path: str) -> int:
         trace=spec.get("trace", False),
     )
     sched = registry.create(spec["scheduler"]["name"], ctx, spec["scheduler"]["params"])
-    trainer = LayerwiseSGD(model, sched, wl.lr, wl.momentum, wl.weight_decay)
 
-    records = []
+    data = None
+    if wl.compute == "real":
+        import torch  # only real mode loads torch: a replay worker stays small
+
+        from workloads.data import make
+        from workloads.models import build, input_spec
+        from workloads.trainer import LayerwiseSGD
+
+        torch.set_num_threads(wl.threads)
+        model = build(wl.model, wl.preset, seed)
+        spec_in = input_spec(wl.model, wl.preset)
+        data = make(wl.data, spec_in, seed, rank, wl.batch_size, 256 if wl.preset != "paper" else wl.batch_size)
+        trainer = LayerwiseSGD(model, sched, wl.lr, wl.momentum, wl.weight_decay)
+    else:
+        from workloads.replay import Replay
+
+        profile = profile_file.load(wl.profile_path)
+        trainer = Replay(profile, sched, rank, ctx.num_workers, wl.speedup)
+
+    records, layers = [], []
     progress = out_dir / f"worker{rank}.progress"
     for it in range(wl.iterations):
-        x, y = data.batch()
+        batch = data.batch() if data else None
         start, wait_before = time.time(), trainer.wait_s
-        loss = trainer.step(x, y)
+        loss, accuracy = trainer.step(batch)
         end = time.time()
         wait_s = trainer.wait_s - wait_before
         records.append({
             "rank": rank, "iteration": it, "start": start, "end": end,
             "compute_s": end - start - wait_s, "wait_s": wait_s,
-            "loss": loss, "samples_per_s": wl.batch_size / (end - start),
+            "loss": loss, "accuracy": accuracy, "samples_per_s": wl.batch_size / (end - start),
         })
+        layers += trainer.timing.rows(rank, it, trainer.layer_names)
         progress.write_text(str(it + 1))
     t0 = time.perf_counter()
     trainer.finish()
@@ -76,17 +101,28 @@ def main(spec_path: str) -> int:
     summary = {
         "rank": rank,
         "compute_mode": wl.compute,
-        "checksum": checksum(model),
+        "speedup": wl.speedup,
+        "checksum": trainer.checksum(),
         "final_wait_s": final_wait_s,
         "num_tensors": len(trainer.tensors),
         "num_params": sum(t.numel for t in trainer.tensors),
-        "torch_threads": torch.get_num_threads(),
+        "num_layers": len(trainer.layer_names),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "scheduler_info": sched.info(),
     }
+    if wl.compute == "real":
+        loss, accuracy = trainer.evaluate(data.eval_batch())
+        summary.update(torch_threads=torch.get_num_threads(), eval_loss=loss, eval_accuracy=accuracy)
+    else:
+        summary.update(profile=str(wl.profile_path), profile_device=profile.device.name,
+                       aggregate_max_abs_error=trainer.max_abs_error, replay_max_late_s=trainer.max_late_s)
     tmp = out_dir / f".worker{rank}.json.tmp"
-    tmp.write_text(json.dumps({"summary": summary, "iterations": records, "events": sched.events}))
+    tmp.write_text(json.dumps({"summary": summary, "iterations": records, "layers": layers, "events": sched.events}))
     os.replace(tmp, out_dir / f"worker{rank}.json")
-    print(f"worker {rank}: {wl.iterations} iterations, final loss {records[-1]['loss']:.3f}, "
-          f"checksum {summary['checksum']}", flush=True)
+    last = records[-1]["loss"]
+    loss_text = "" if math.isnan(last) else f"final loss {last:.3f}, "
+    print(f"worker {rank}: {wl.iterations} iterations ({wl.compute}), {loss_text}checksum {summary['checksum']}",
+          flush=True)
     return 0
 
 

@@ -1,0 +1,81 @@
+"""Run one job on loopback, each role its own process, without Mininet or root: for
+benchmarks and tests that need real processes (separate interpreters, so timing and peak
+memory are each role's own).
+
+    jobs = run_job({"model": "cnn", "preset": "tiny", "iterations": 3}, workers=2, out_dir=tmp)
+
+Role specs are written exactly as the orchestrator writes them (emu/runner.py), with
+127.0.0.1 and free ports; returns each worker's record (worker<rank>.json).
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from schedulers import registry
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_job(workload: dict, out_dir: Path, workers: int = 1, scheduler: str = "fifo", params: dict | None = None,
+            servers: int | None = None, seed: int = 0, timeout_s: float = 600, threads: int = 1) -> list[dict]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if servers is None:
+        servers = 1 if registry.SCHEDULERS[scheduler].Params.requires_servers else 0
+    ports = free_ports(servers + workers)
+    common = {
+        "seed": seed,
+        "servers": [{"host": "lo", "ip": "127.0.0.1", "port": p} for p in ports[:servers]],
+        "workers": [{"host": "lo", "ip": "127.0.0.1", "port": p} for p in ports[servers:]],
+        "scheduler": {"name": scheduler, "params": params or {}},
+        "workload": workload,
+        "out_dir": str(out_dir),
+        "connect_timeout_s": 30,
+        "iface": "lo",
+    }
+    roles = [("server", r, "schedulers.server") for r in range(servers)]
+    roles += [("worker", r, "workloads.worker") for r in range(workers)]
+    env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads),
+           "PATH": "/usr/bin:/bin"}
+    procs = []
+    try:
+        for role, rank, module in roles:
+            spec = out_dir / f"{role}{rank}.spec.json"
+            spec.write_text(json.dumps({**common, "role": role, "rank": rank}))
+            log = open(out_dir / f"{role}{rank}.log", "w")
+            procs.append((f"{role}{rank}", subprocess.Popen([sys.executable, "-m", module, str(spec)], cwd=REPO,
+                                                            env=env, stdout=log, stderr=subprocess.STDOUT)))
+            log.close()
+        deadline = time.monotonic() + timeout_s
+        for name, p in procs:
+            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if rc != 0:
+                tail = (out_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()[-5:]
+                raise JobFailed(f"{name} exited with {rc}: " + " | ".join(tail))
+    except subprocess.TimeoutExpired:
+        raise JobFailed(f"job did not finish within {timeout_s:g} s") from None
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [json.loads((out_dir / f"worker{r}.json").read_text()) for r in range(workers)]
