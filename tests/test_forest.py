@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
 from schedulers.forest import Forest, layout
 from schedulers.forest_plan import plan_forest
+from workloads.local import free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,15 +52,6 @@ def two_racks(per_rack, uplink):
             g.add_edge(tor, h, capacity=100e6)
     return nx.node_link_data(g, edges="links"), hosts
 
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def endpoints(hosts):

@@ -12,7 +12,6 @@ import atexit
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import pytest
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
 from schedulers.server import ParameterServer
+from workloads.local import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,15 +55,6 @@ def gradient(seed: int, it: int, rank: int, key: int, numel: int) -> np.ndarray:
     """Worker `rank`'s gradient of `key` in iteration `it`: any process can recompute it."""
     return np.random.default_rng([seed, it, rank, key]).standard_normal(numel, dtype=np.float32)
 
-
-def free_ports(k: int) -> list[int]:
-    socks = [socket.socket() for _ in range(k)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def star(hosts: list[str], mbps: float = 1000.0) -> dict:
