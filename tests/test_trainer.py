@@ -18,6 +18,7 @@ from schedulers import registry
 from schedulers.base import Endpoint, RoleContext
 from schedulers.server import ParameterServer
 from workloads.data import make
+from workloads.local import free_ports
 from workloads.models import build, input_spec
 from workloads.profile import Alone
 from workloads.trainer import LayerwiseSGD
@@ -42,15 +43,19 @@ def reference(make_model, batches_per_rank) -> nn.Module:
 
 def train_distributed(make_model, batches_per_rank, scheduler: str, params: dict) -> dict[int, LayerwiseSGD]:
     workers = len(batches_per_rank)
-    ps = ParameterServer(0, workers, "127.0.0.1", 0, accept_timeout_s=20)
-    threading.Thread(target=ps.serve, daemon=True).start()
+    if registry.SCHEDULERS[scheduler].Params.requires_servers:
+        ps = ParameterServer(0, workers, "127.0.0.1", 0, accept_timeout_s=20)
+        threading.Thread(target=ps.serve, daemon=True).start()
+        servers, peers = [Endpoint("lo", "127.0.0.1", ps.port)], []
+    else:  # a collective: the workers talk to each other
+        servers, peers = [], [Endpoint(f"w{i}", "127.0.0.1", p) for i, p in enumerate(free_ports(workers))]
     # Built here, not in the threads: model init draws from torch's global RNG.
     models = {r: make_model() for r in range(workers)}
     trainers, errors = {}, []
 
     def work(rank):
         try:
-            ctx = RoleContext(rank, workers, [Endpoint("lo", "127.0.0.1", ps.port)], connect_timeout_s=20)
+            ctx = RoleContext(rank, workers, servers, peers, connect_timeout_s=20)
             sched = registry.create(scheduler, ctx, params)
             tr = LayerwiseSGD(models[rank], sched, **HP)
             for it in range(ITERS):
@@ -89,7 +94,8 @@ def zoo_batches(model: str, workers: int, batch_size: int = 8):
 
 
 @pytest.mark.parametrize("scheduler,params,workers", [
-    ("fifo", {}, 1), ("fifo", {}, 2), ("bytescheduler", SMALL_PARTS, 2)])
+    ("fifo", {}, 1), ("fifo", {}, 2), ("bytescheduler", SMALL_PARTS, 2), ("p3", {"slice_numel": 100}, 2),
+    ("mercury", {"packet_bytes": 256}, 2), ("ring", {"chunk_kb": 1}, 3), ("forest", {"chunk_numel": 64}, 3)])
 def test_cnn_distributed_equals_union_batch(scheduler, params, workers):
     batches = zoo_batches("cnn", workers)
     trainers = train_distributed(lambda: build("cnn", "tiny", seed=0), batches, scheduler, params)
@@ -102,7 +108,8 @@ def test_cnn_distributed_equals_union_batch(scheduler, params, workers):
 
 @pytest.mark.parametrize("model,scheduler", [
     ("alexnet", "fifo"), ("vgg", "bytescheduler"), ("resnet", "fifo"), ("resnet", "bytescheduler"),
-    ("bert", "fifo"), ("bert", "bytescheduler"), ("lstm", "fifo"), ("lstm", "bytescheduler")])
+    ("bert", "fifo"), ("bert", "bytescheduler"), ("lstm", "fifo"), ("lstm", "bytescheduler"),
+    ("alexnet", "mercury"), ("vgg", "p3"), ("resnet", "ring"), ("lstm", "forest")])
 def test_zoo_distributed_equals_union_batch(model, scheduler):
     batches = zoo_batches(model, workers=2)
     params = SMALL_PARTS if scheduler == "bytescheduler" else {}
