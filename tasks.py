@@ -169,6 +169,37 @@ def test(c, k=None, x=False):
     os.execv(sys.executable, args)
 
 
+BENCHES = {
+    "testbed": (["-m", "bench.bench_testbed"], True),
+    "schedulers": (["-m", "bench.bench_schedulers"], True),
+    "workloads": (["bench/bench_workloads.py"], False),
+    "transport-loopback": (["bench/bench_transport_loopback.py"], False),
+    "ring-gloo-loopback": (["bench/bench_ring_vs_gloo.py"], False),
+}
+
+
+@task(iterable=["only"], help={"only": f"one of {', '.join(BENCHES)} (repeatable; default: all)",
+                               "quick": "shorter runs where a benchmark supports it"})
+def bench(c, only=None, quick=False):
+    """Benchmarks that print figures (not pass/fail): testbed, schedulers on emulated links, workloads."""
+    import subprocess
+
+    names = only or list(BENCHES)
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        raise Exit(f"error: --only {unknown[0]!r}: unknown benchmark (known: {', '.join(BENCHES)})", code=2)
+    if any(BENCHES[n][1] for n in names):
+        _need_root("bench")
+    for name in names:
+        args, _ = BENCHES[name]
+        extra = ["--quick"] if quick and name in ("testbed", "transport-loopback") else []
+        print(f"\n# {name}", flush=True)
+        rc = subprocess.run([sys.executable, *args, *extra], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}).returncode
+        if rc:
+            raise Exit(f"error: benchmark {name} exited with {rc}", code=rc)
+
+
 @task
 def doctor(c):
     """Print what this machine can emulate: qdiscs, switches, cgroup controllers, tools."""
