@@ -29,6 +29,10 @@ def load_runs(sweep_dir: Path, status: str | None = None, run_ids: list[str] | N
     if not path.exists():
         raise NoResults(f"{path}: no such file (run the sweep first)")
     runs = pd.read_parquet(path)
+    for col in [c for c in runs.columns if c.startswith("point.")]:
+        # a swept list (e.g. roles.servers) comes back as an array: make it hashable text
+        runs[col] = runs[col].map(lambda v: json.dumps(list(v)) if hasattr(v, "__len__") and not isinstance(v, str)
+                                  else v)
     if run_ids is not None:
         runs = runs[runs["run_id"].isin(run_ids)]
     runs["num_workers"] = runs["roles.workers"].map(lambda s: len(json.loads(s)))

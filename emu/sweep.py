@@ -3,6 +3,7 @@ show progress, and stop cleanly on Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import signal
 import sys
 from pathlib import Path
@@ -58,7 +59,8 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
 
             try:
                 row = run_one(exp, repeat, results_root, state, progress,
-                              extra={f"point.{k}": v for k, v in point.items()})
+                              extra={f"point.{k}": json.dumps(v) if isinstance(v, (list, dict)) else v
+                                     for k, v in point.items()})
             finally:
                 bar.close()
             rows.append(row)
