@@ -1,8 +1,8 @@
 """Loading tidy results into pandas: what notebooks, plots and the report start from.
 
 Besides the run rows and their long tables this module names *configurations*: runs that
-differ only in the scheduler (and its tunables), the seed and the repeat index measure the
-same network and workload, so they are the ones whose times may be compared.
+differ only in the scheduler (its tunables and parameter servers), the seed and the repeat
+index measure the same network and workload, so they are the ones whose times may be compared.
 """
 from __future__ import annotations
 
@@ -20,8 +20,21 @@ class NoResults(LookupError):
 
 
 # Config keys that do not change *what* is measured, only who schedules it or which sample it is.
+# Parameter servers belong to the scheduling choice: the PS family needs them, the collectives
+# refuse them, and both train the same workers on the same network.
 def _not_configuration(key: str) -> bool:
-    return key in ("scheduler", "seed", "schedulers") or key.startswith("schedulers.")
+    return key in ("scheduler", "seed", "schedulers", "roles.servers") or key.startswith("schedulers.")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    """Nested config -> {"a.b": value} (lists stay values)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def load_runs(sweep_dir: Path, status: str | None = None, run_ids: list[str] | None = None) -> pd.DataFrame:
@@ -136,7 +149,7 @@ def add_configurations(runs: pd.DataFrame, sweep_dir: Path | None = None) -> pd.
     for _, run in runs.iterrows():
         path = Path(sweep_dir) / run["run_id"] / "config.yaml" if sweep_dir is not None else None
         if path is not None and path.exists():
-            cfg = yaml.safe_load(path.read_text())
+            cfg = _flat(yaml.safe_load(path.read_text()))
             ident = {k: v for k, v in cfg.items() if not _not_configuration(k)}
         else:
             ident = {c: _scalar(run[c]) for c in runs.columns
