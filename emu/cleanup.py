@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STATE_ROOT = Path(os.environ.get("SCHEDLAB_STATE_DIR", "/run/schedlab"))
+CGROUP_ROOT = "/sys/fs/cgroup"  # cgroup v1 hierarchies, one directory per controller
 
 
 def start_time(pid: int) -> int | None:
@@ -95,6 +96,18 @@ class StateDir:
     def add_link(self, name: str) -> None:
         self._write(f"link-{name}.json", {"name": name})
 
+    def add_cgroup(self, name: str) -> None:
+        self._write(f"cgroup-{name}.json", {"name": name})
+
+    def cgroups(self) -> list[str]:
+        names = []
+        for f in sorted(self.path.glob("cgroup-*.json")):
+            try:
+                names.append(json.loads(f.read_text())["name"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return names
+
     def processes(self) -> list[Proc]:
         out = []
         for f in sorted(self.path.glob("proc-*.json")):
@@ -133,11 +146,20 @@ class StateDir:
             if Path(f"/sys/class/net/{name}").exists():
                 found.append(f"link {name}")
                 delete_link(name)
+        for name in self.cgroups():
+            dirs = [d for d in (Path(CGROUP_ROOT) / c / name for c in ("cpu", "cpuacct", "cpuset")) if d.is_dir()]
+            if dirs:
+                found.append(f"cgroup {name}")
+            for d in dirs:
+                try:
+                    d.rmdir()  # empty once its processes are gone
+                except OSError:
+                    pass
         return found
 
     def clear(self) -> None:
         """Forget the records of a network that was torn down cleanly."""
-        for f in list(self.path.glob("proc-*.json")) + list(self.path.glob("link-*.json")):
+        for f in [*self.path.glob("proc-*.json"), *self.path.glob("link-*.json"), *self.path.glob("cgroup-*.json")]:
             f.unlink(missing_ok=True)
 
     def remove(self) -> None:

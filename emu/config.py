@@ -17,7 +17,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import platform
 
@@ -78,6 +78,8 @@ class Experiment(Strict):
     topology: Topology
     shaping: list[LinkShaping] = Field(default_factory=list)
     cross_traffic: list[Flow] = Field(default_factory=list)
+    host_cpu: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict, description="host -> share of the machine's CPU (CFS bandwidth cgroup)")
     monitor: MonitorConfig = MonitorConfig()
     fidelity: FidelityConfig = FidelityConfig()
     roles: Roles
@@ -104,6 +106,11 @@ class Experiment(Strict):
         for i, n in enumerate(self.roles.workers):
             if n not in hosts:
                 raise ConfigError(f"roles.workers[{i}]: {n!r} is not a host of the topology")
+        for h in self.host_cpu:
+            if h not in hosts:
+                raise ConfigError(f"host_cpu.{h}: {h!r} is not a host of the topology")
+        if self.host_cpu and "cpu" not in capabilities.cgroup_controllers():
+            raise ConfigError("host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here")
         for i, s in enumerate(self.shaping):
             if net.rate(*s.link) is None:
                 raise ConfigError(f"shaping[{i}].link: no link {s.link[0]} -> {s.link[1]} in the topology")
@@ -134,8 +141,17 @@ class Experiment(Strict):
         return d
 
     def run_id(self, repeat: int) -> str:
-        blob = json.dumps({"config": self.resolved(), "repeat": repeat}, sort_keys=True)
+        """Hash of the resolved config and the repeat. Unused optional features (empty or
+        None) are left out, so adding one to the harness does not change existing run ids
+        (a sweep still resumes); any value that is set, defaults included, is hashed."""
+        blob = json.dumps({"config": _drop_empty(self.resolved()), "repeat": repeat}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _drop_empty(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_empty(v) for k, v in d.items() if v not in (None, {}, [])}
+    return d
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import IO, Sequence
 from mininet.link import Link
 from mininet.log import setLogLevel
 from mininet.net import Mininet
-from mininet.node import Host
+from mininet.node import CPULimitedHost, Host
 from mininet.nodelib import LinuxBridge
 
 from emu import tc
@@ -53,12 +53,21 @@ class RecordedBridge(_Recorded, LinuxBridge):
     pass
 
 
+class RecordedCPULimitedHost(_Recorded, CPULimitedHost):
+    """A host in its own cpu,cpuacct cgroup; the cgroup is recorded too (a kill -9 would leave it)."""
+
+    def __init__(self, name, state: StateDir, **params):
+        state.add_cgroup(name)
+        super().__init__(name, state=state, **params)
+
+
 class Testbed:
     __test__ = False  # not a pytest class, despite the name
 
-    def __init__(self, spec: NetSpec, state: StateDir):
+    def __init__(self, spec: NetSpec, state: StateDir, host_cpu: dict[str, float] | None = None):
         self.spec = spec
         self.state = state
+        self.host_cpu = host_cpu or {}
         self.net: Mininet | None = None
         self.roles: dict[str, subprocess.Popen] = {}
         self.aux: dict[str, subprocess.Popen] = {}
@@ -94,7 +103,7 @@ class Testbed:
     def _start(self) -> None:
         self._lock()
         setLogLevel("critical")
-        topo = mininet_topo(self.spec)
+        topo = mininet_topo(self.spec, self.host_cpu, partial(RecordedCPULimitedHost, state=self.state))
         # Mininet names interfaces <node>-eth<port>: record every name before it exists,
         # and refuse to touch names that are already taken (another run, or leftovers).
         names = [f"{node}-eth{port}" for node, ports in topo.ports.items() for port in ports]

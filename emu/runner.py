@@ -219,7 +219,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:
-        with Testbed(exp.net, state) as tb:
+        with Testbed(exp.net, state, exp.host_cpu) as tb:
             row["bringup_s"] = tb.bringup_s
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
             row["monitor_t0_wall"] = t0_wall  # wall-clock time of t = 0 in links/qdiscs/cpu tables

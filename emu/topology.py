@@ -17,9 +17,14 @@ from emu.topospec import NetSpec
 class SpecTopo(Topo):
     """Hosts, switches and plain links; the testbed shapes every link itself (emu/tc.py)."""
 
-    def build(self, spec: NetSpec) -> None:  # type: ignore[override]
+    def build(self, spec: NetSpec, host_cpu: dict[str, float] | None = None,  # type: ignore[override]
+              limited_host=None) -> None:
         for h in spec.hosts:
-            self.addHost(h)
+            share = (host_cpu or {}).get(h)
+            if share is None:
+                self.addHost(h)
+            else:  # a CFS bandwidth cgroup: `share` of the whole machine's CPU
+                self.addHost(h, cls=limited_host, cpu=share)
         for i, s in enumerate(spec.switches):
             # Explicit dpid: Mininet derives one from digits in the name otherwise.
             self.addSwitch(s, dpid=f"{i + 1:x}")
@@ -27,8 +32,8 @@ class SpecTopo(Topo):
             self.addLink(ln.a, ln.b)
 
 
-def mininet_topo(spec: NetSpec) -> Topo:
-    return SpecTopo(spec=spec)
+def mininet_topo(spec: NetSpec, host_cpu: dict[str, float] | None = None, limited_host=None) -> Topo:
+    return SpecTopo(spec=spec, host_cpu=host_cpu, limited_host=limited_host)
 
 
 def capacity_graph(spec: NetSpec) -> nx.DiGraph:

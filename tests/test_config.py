@@ -131,3 +131,12 @@ def test_demo_config_is_valid():
 def test_every_shipped_config_is_valid(path):
     plan = load_plan(REPO / path, _sections())
     assert plan.experiments
+
+
+def test_run_id_ignores_unused_optional_features(tmp_path):
+    """A harness version that adds an optional feature must not re-run finished sweeps."""
+    plain = load_plan(write(tmp_path, GOOD), _sections()).experiments[0]
+    explicit = load_plan(write(tmp_path, {**GOOD, "host_cpu": {}, "shaping": [], "cross_traffic": []}),
+                         _sections()).experiments[0]
+    changed = load_plan(write(tmp_path, {**GOOD, "host_cpu": {"w0": 0.5}}), _sections()).experiments[0]
+    assert plain.run_id(0) == explicit.run_id(0) != changed.run_id(0)

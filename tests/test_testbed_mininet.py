@@ -119,3 +119,25 @@ def test_cross_traffic_takes_its_share(tmp_path, state, no_leftovers):
     assert 0.25 * 40 < ours < 0.75 * 40, (ours, theirs)
     assert theirs is not None and theirs > 0.2 * 40, (ours, theirs)
     assert ours + theirs > 0.8 * CEILING * 40, (ours, theirs)
+
+
+def test_host_cpu_share_limits_a_busy_loop(tmp_path, state, no_leftovers):
+    """host_cpu puts a host in a CFS bandwidth cgroup: a busy loop gets its share, no more."""
+    import os
+    from pathlib import Path
+
+    from emu.cleanup import CGROUP_ROOT
+
+    spec = StarTopology.model_validate({"kind": "star", "hosts": [
+        {"name": "a", "bw_mbps": 10}, {"name": "b", "bw_mbps": 10}]}).resolve()
+    share = 0.1  # of the whole machine
+    with Testbed(spec, state, host_cpu={"a": share}) as tb:
+        assert Path(CGROUP_ROOT, "cpu", "a").is_dir()
+        loop = "import time\nt=time.time()\nwhile time.time()-t<2: pass\nimport os\nprint(sum(os.times()[:2]))"
+        p = tb.launch("a", "busy", ["python3", "-c", loop], tmp_path, aux=True)
+        p.wait(30)
+        cpu_s = float((tmp_path / "busy.out").read_text())
+    # 2 s of wall time at `share` of os.cpu_count() cores (plus start-up slack)
+    assert cpu_s < 2 * share * os.cpu_count() * 1.5 + 0.1, cpu_s
+    assert cpu_s > 2 * share * os.cpu_count() * 0.5, cpu_s
+    assert not Path(CGROUP_ROOT, "cpu", "a").exists(), "the host's cgroup must go with the network"
