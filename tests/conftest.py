@@ -48,10 +48,13 @@ def namespaces_pids() -> set[int]:
 @pytest.fixture
 def no_leftovers():
     """Fails the test if it leaves an interface, a namespaced process or a state record."""
-    before_if, before_ns = interfaces(), namespaces_pids()
+    cpu_cg = Path("/sys/fs/cgroup/cpu")
+    cgroups = lambda: {p.name for p in cpu_cg.iterdir() if p.is_dir()} if cpu_cg.is_dir() else set()  # noqa: E731
+    before_if, before_ns, before_cg = interfaces(), namespaces_pids(), cgroups()
     yield
     after_if = interfaces() - before_if
     after_ns = namespaces_pids() - before_ns
+    assert not cgroups() - before_cg, f"cgroups left behind: {sorted(cgroups() - before_cg)}"
     state = Path("/run/schedlab")
     records = [p for p in state.glob("*/*.json") if "owner" not in p.name] if state.exists() else []
     assert not after_if, f"interfaces left behind: {sorted(after_if)}"
