@@ -76,7 +76,16 @@ def _layout(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
     keys = swept_keys(runs)
     numeric = [k for k in keys if pd.to_numeric(runs[f"point.{k}"], errors="coerce").notna().all()]
     x = max(numeric, key=lambda k: (runs[f"point.{k}"].nunique(), "mbps" in k), default=None)
-    return x, [k for k in keys if k != x]
+    # Keys swept together (a `zip:`) are determined by the x key and the panels already
+    # chosen: they would only split panels into one-point slivers. Categorical keys first.
+    panels: list[str] = []
+    others = sorted((k for k in keys if k != x), key=lambda k: (k in numeric, runs[f"point.{k}"].nunique(), k))
+    for k in others:
+        by = [f"point.{c}" for c in ([x] if x else []) + panels]
+        determined = bool(by) and (runs.groupby(by, dropna=False)[f"point.{k}"].nunique(dropna=False) <= 1).all()
+        if not determined:
+            panels.append(k)
+    return x, panels
 
 
 def _panel_label(row, keys: list[str], runs: pd.DataFrame) -> str:
