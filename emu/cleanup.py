@@ -99,14 +99,20 @@ class StateDir:
     def add_cgroup(self, name: str) -> None:
         self._write(f"cgroup-{name}.json", {"name": name})
 
-    def cgroups(self) -> list[str]:
+    def _names(self, kind: str) -> list[str]:
         names = []
-        for f in sorted(self.path.glob("cgroup-*.json")):
+        for f in sorted(self.path.glob(f"{kind}-*.json")):
             try:
                 names.append(json.loads(f.read_text())["name"])
             except (OSError, ValueError, KeyError):
                 continue
         return names
+
+    def links(self) -> list[str]:
+        return self._names("link")
+
+    def cgroups(self) -> list[str]:
+        return self._names("cgroup")
 
     def processes(self) -> list[Proc]:
         out = []
@@ -116,15 +122,6 @@ class StateDir:
             except (OSError, ValueError, TypeError):
                 continue
         return out
-
-    def links(self) -> list[str]:
-        names = []
-        for f in sorted(self.path.glob("link-*.json")):
-            try:
-                names.append(json.loads(f.read_text())["name"])
-            except (OSError, ValueError, KeyError):
-                continue
-        return names
 
     def owner_alive(self) -> bool:
         try:
