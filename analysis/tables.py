@@ -117,7 +117,10 @@ def key_label(key: str, runs: pd.DataFrame) -> str:
         return f"{name} {what} (Mb/s)"
     known = {"topology.bw_mbps": "link bandwidth (Mb/s)", "workload.model": "model",
              "workload.preset": "model size", "workload.batch_size": "batch size (samples)",
-             "topology.count": "hosts", "workload.speedup": "compute speed-up (x)"}
+             "topology.count": "hosts", "workload.speedup": "compute speed-up (x)",
+             "topology.heterogeneity.count": "slow hosts", "topology.heterogeneity.sigma": "heterogeneity (sigma)",
+             "topology.heterogeneity.factor": "slow hosts' rate factor", "roles.workers": "workers",
+             "seed": "seed"}
     if key in known:
         return known[key]
     last = key.rsplit(".", 1)[-1]
