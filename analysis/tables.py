@@ -68,13 +68,18 @@ def load_iterations(sweep_dir: Path, runs: pd.DataFrame, drop_warmup: bool = Tru
     return pd.concat(frames, ignore_index=True)
 
 
-def load_events(sweep_dir: Path, run_id: str) -> pd.DataFrame | None:
-    """The scheduler trace of a run (send/recv per tensor chunk, wall-clock t), or None when
-    the run was not traced (`trace: false`) or recorded no event."""
+def load_events(sweep_dir: Path, run_id: str, role: str = "worker") -> pd.DataFrame | None:
+    """The scheduler trace of a run (send/recv per tensor chunk, wall-clock t) as seen by
+    `role` ("worker" or "server"), or None when the run was not traced (`trace: false`) or
+    recorded no such event."""
     path = Path(sweep_dir) / run_id / "events.parquet"
     if not path.exists():
         return None
     ev = pd.read_parquet(path)
+    if "role" in ev:
+        ev = ev[ev["role"] == role].reset_index(drop=True)
+    elif role != "worker":
+        return None
     return ev if len(ev) else None
 
 

@@ -322,5 +322,15 @@ def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict],
         ev = pd.DataFrame(rec.get("events", []), columns=["event", "key", "chunk", "iteration", "t"])
         events.append(ev.assign(rank=rank))
         layers.append(pd.DataFrame(rec.get("layers", [])))
+    # Servers trace too (trace: true); their events carry role "server" and the server's rank.
+    for path in sorted(rec_dir.glob("server*.json")):
+        try:
+            ev = pd.DataFrame(json.loads(path.read_text()).get("events", []),
+                              columns=["event", "key", "chunk", "iteration", "t"])
+        except (OSError, ValueError):
+            continue
+        events.append(ev.assign(rank=int(path.stem[len("server"):]), role="server"))
+    ev_all = pd.concat(events, ignore_index=True)
+    ev_all["role"] = ev_all["role"].fillna("worker") if "role" in ev_all else "worker"
     return (pd.concat(frames, ignore_index=True), summaries,
-            {"events": pd.concat(events, ignore_index=True), "layers": pd.concat(layers, ignore_index=True)})
+            {"events": ev_all, "layers": pd.concat(layers, ignore_index=True)})
