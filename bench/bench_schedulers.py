@@ -133,16 +133,12 @@ def main() -> int:
 
     from emu.cleanup import StateDir
 
-    state = StateDir().open()
     logs = Path(tempfile.mkdtemp(prefix="schedlab-bench-"))
-    try:
+    with StateDir() as state:
         if "transport" in args.parts:
             transport(state, logs)
         if "ring-gloo" in args.parts:
             ring_gloo(state, logs)
-    finally:
-        state.teardown()
-        state.remove()
     return 0
 
 

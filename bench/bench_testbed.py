@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,7 +71,6 @@ def step_response(state: StateDir, logs: Path) -> None:
             tb.set_rate(("a", "s1"), before * 1e6)
             rates = {("a", "s1"): before * 1e6}
             mon = Monitor({"a->s1": tb.counter("a", "s1")}, {}, rates, interval_s=0.01).start()
-            import threading
 
             def change():
                 time.sleep(2.0)
@@ -99,16 +99,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer sizes and shorter iperf3 runs")
     args = ap.parse_args()
-    state = StateDir().open()
     logs = Path(tempfile.mkdtemp(prefix="schedlab-bench-"))
-    try:
+    with StateDir() as state:
         bringup([8, 16] if args.quick else [8, 16, 32, 64], state)
         accuracy([10, 100, 1000] if args.quick else [10, 100, 1000, 2500, 5000], state, logs,
                  seconds=2 if args.quick else 4)
         step_response(state, logs)
-    finally:
-        state.teardown()
-        state.remove()
     return 0
 
 

@@ -84,6 +84,13 @@ class StateDir:
         self._write("owner.json", {"pid": self.pid, "started": start_time(self.pid)})
         return self
 
+    def __enter__(self) -> "StateDir":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()  # normally nothing is left: each Testbed cleans up after itself
+        self.remove()
+
     def _write(self, name: str, obj: dict) -> None:
         tmp = self.path / f".{name}.tmp"
         tmp.write_text(json.dumps(obj))

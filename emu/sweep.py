@@ -36,44 +36,42 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
     old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)
     for line in clean():  # what a killed earlier orchestrator left (never a live one's)
         print(f"cleaned up {line}", file=sys.stderr)
-    state = StateDir().open()
     walls: list[float] = []
     try:
-        for i, (exp, repeat, point) in enumerate(todo, 1):
-            rid = exp.run_id(repeat)
-            where = ", ".join(f"{k}={v}" for k, v in point.items()) or exp.scheduler
-            label = f"[{i}/{len(todo)}] {where} repeat {repeat} ({rid})"
-            if rid in done:
-                print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
-                continue
-            if walls:
-                left = pending - len(walls)
-                eta = dt.timedelta(seconds=round(sum(walls) / len(walls) * left))
-                print(f"sweep: {len(walls)}/{pending} runs done, ETA {eta} for the {left} left", file=sys.stderr)
-            bar = tqdm(total=exp.workload["iterations"], desc=label, unit="it", file=sys.stderr,
-                       leave=True, dynamic_ncols=True,
-                       mininterval=0.2 if sys.stderr.isatty() else 5.0)
+        with StateDir() as state:
+            for i, (exp, repeat, point) in enumerate(todo, 1):
+                rid = exp.run_id(repeat)
+                where = ", ".join(f"{k}={v}" for k, v in point.items()) or exp.scheduler
+                label = f"[{i}/{len(todo)}] {where} repeat {repeat} ({rid})"
+                if rid in done:
+                    print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
+                    continue
+                if walls:
+                    left = pending - len(walls)
+                    eta = dt.timedelta(seconds=round(sum(walls) / len(walls) * left))
+                    print(f"sweep: {len(walls)}/{pending} runs done, ETA {eta} for the {left} left", file=sys.stderr)
+                bar = tqdm(total=exp.workload["iterations"], desc=label, unit="it", file=sys.stderr,
+                           leave=True, dynamic_ncols=True,
+                           mininterval=0.2 if sys.stderr.isatty() else 5.0)
 
-            def progress(n: int, bar=bar) -> None:
-                bar.update(n - bar.n)
+                def progress(n: int, bar=bar) -> None:
+                    bar.update(n - bar.n)
 
-            try:
-                row = run_one(exp, repeat, results_root, state, progress,
-                              extra={f"point.{k}": json.dumps(v) if isinstance(v, (list, dict)) else v
-                                     for k, v in point.items()})
-            finally:
-                bar.close()
-            rows.append(row)
-            walls.append(row["wall_s"])
-            if row["status"] == "ok":
-                print(f"{label}: ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
-                      f"wall {row['wall_s']:.1f} s", file=sys.stderr)
-            else:
-                print(f"{label}: {row['status']}: {row['reason']} (logs: {sweep_dir / rid / 'logs'})",
-                      file=sys.stderr)
+                try:
+                    row = run_one(exp, repeat, results_root, state, progress,
+                                  extra={f"point.{k}": json.dumps(v) if isinstance(v, (list, dict)) else v
+                                         for k, v in point.items()})
+                finally:
+                    bar.close()
+                rows.append(row)
+                walls.append(row["wall_s"])
+                if row["status"] == "ok":
+                    print(f"{label}: ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
+                          f"wall {row['wall_s']:.1f} s", file=sys.stderr)
+                else:
+                    print(f"{label}: {row['status']}: {row['reason']} (logs: {sweep_dir / rid / 'logs'})",
+                          file=sys.stderr)
     finally:
-        state.teardown()  # normally nothing is left: each Testbed cleans up after itself
-        state.remove()
         signal.signal(signal.SIGTERM, old_term)
     return rows
 

@@ -27,19 +27,22 @@ def _burst(rate_bps: float) -> str:
     return f"{max(int(rate_bps / 8 * 1e-3), 15140)}b"
 
 
-def _quantum(rate_bps: float) -> str:
-    # htb's default (rate / r2q) is "big" above ~2 Mb/s and triggers warnings; one MTU is
-    # right for a single class.
-    return "1514"
+# htb's default quantum (rate / r2q) is "big" above ~2 Mb/s and triggers warnings; one MTU
+# is right for a single class.
+QUANTUM = "1514"
+
+
+def _rate_args(rate_bps: float) -> list[str]:
+    """The htb class parameters for `rate_bps`, the same at setup and at every change."""
+    return ["rate", _bits(rate_bps), "ceil", _bits(rate_bps), "burst", _burst(rate_bps),
+            "cburst", _burst(rate_bps), "quantum", QUANTUM]
 
 
 def setup_commands(dev: str, rate_bps: float, delay_ms: float | None = None, loss_pct: float | None = None,
                    queue_pkts: int | None = None) -> list[list[str]]:
     cmds = [
         ["tc", "qdisc", "add", "dev", dev, "root", "handle", HANDLE, "htb", "default", "1"],
-        ["tc", "class", "add", "dev", dev, "parent", HANDLE, "classid", CLASS, "htb",
-         "rate", _bits(rate_bps), "ceil", _bits(rate_bps), "burst", _burst(rate_bps),
-         "cburst", _burst(rate_bps), "quantum", _quantum(rate_bps)],
+        ["tc", "class", "add", "dev", dev, "parent", HANDLE, "classid", CLASS, "htb", *_rate_args(rate_bps)],
     ]
     if delay_ms or loss_pct:
         leaf = ["tc", "qdisc", "add", "dev", dev, "parent", CLASS, "handle", "10:", "netem"]
@@ -57,9 +60,7 @@ def setup_commands(dev: str, rate_bps: float, delay_ms: float | None = None, los
 
 
 def change_command(dev: str, rate_bps: float) -> list[str]:
-    return ["tc", "class", "change", "dev", dev, "parent", HANDLE, "classid", CLASS, "htb",
-            "rate", _bits(rate_bps), "ceil", _bits(rate_bps), "burst", _burst(rate_bps),
-            "cburst", _burst(rate_bps), "quantum", _quantum(rate_bps)]
+    return ["tc", "class", "change", "dev", dev, "parent", HANDLE, "classid", CLASS, "htb", *_rate_args(rate_bps)]
 
 
 class TcError(RuntimeError):

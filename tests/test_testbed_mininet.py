@@ -25,10 +25,8 @@ CEILING = 0.95  # iperf3 goodput / configured rate through htb here
 
 @pytest.fixture
 def state(tmp_path):
-    s = StateDir(root=tmp_path / "state").open()
-    yield s
-    s.teardown()
-    s.remove()
+    with StateDir(root=tmp_path / "state") as s:
+        yield s
 
 
 def within(measured: float, configured: float) -> bool:
