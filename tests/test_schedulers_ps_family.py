@@ -197,8 +197,11 @@ def test_server_reuses_buffers_across_iterations():
     _, errors = run_workers(workers, body)
     assert not errors, errors
     servers.join()
+    # Without the pool this would be iters * workers * packets = 256. How many are alive at
+    # once depends on how the two workers' packets interleave (a slot completed and sent
+    # before the next packet lands frees its buffer), so only the ceiling is deterministic.
     allocated = servers.ps[0].pool.allocated
-    assert packets <= allocated <= 4 * packets, (allocated, packets)  # no pool: iters*workers*packets
+    assert 1 <= allocated <= 4 * packets, (allocated, packets)
 
 
 # ---------------------------------------------------------------- priority in traces
