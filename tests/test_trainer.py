@@ -228,15 +228,18 @@ def test_waits_and_times_are_recorded_per_layer():
     model = build("cnn", "tiny", seed=0)
     data = make("synthetic", input_spec("cnn", "tiny"), 0, 0, 8)
     tr = LayerwiseSGD(model, Alone(), **HP)
+    unaccounted = []
     for it in range(3):
         wait_before = tr.wait_s
         t0 = time.perf_counter()
         tr.step(data.batch())
         step_s = time.perf_counter() - t0
         tm = tr.timing
-        # the timeline accounts for the whole step
+        # The timeline lies within the step, and covers it: a tiny step is ~3 ms, so a
+        # scheduler preemption between our clock and the trainer's can miss one of them.
         accounted = tm.lead_s + sum(tm.wait_s) + sum(tm.forward_s) + sum(g for _, g in tm.ready) + tm.tail_s
-        assert accounted == pytest.approx(step_s, rel=0.05, abs=5e-4)
+        assert accounted <= step_s + 1e-6
+        unaccounted.append(step_s - accounted - max(0.05 * step_s, 5e-4))
         assert len(tm.wait_s) == len(tm.forward_s) == len(tm.backward_s) == len(tr.layer_names) == 4
         assert sum(tm.wait_s) == pytest.approx(tr.wait_s - wait_before)
         assert all(f > 0 for f in tm.forward_s) and all(b > 0 for b in tm.backward_s)
@@ -245,3 +248,4 @@ def test_waits_and_times_are_recorded_per_layer():
         assert [r["name"] for r in rows] == ["0", "3", "7", "9"]
         # backward produces the output side first
         assert tr.tensors[tm.ready[0][0]].priority == 3
+    assert min(unaccounted) <= 0, unaccounted
