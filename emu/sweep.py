@@ -25,12 +25,30 @@ def shard_of(todo: list, shard: tuple[int, int] | None) -> list:
     return [t for k, t in enumerate(todo) if k % n == i]
 
 
+def unique_runs(todo: list) -> list:
+    """Drop grid points that resolve to an experiment already in the plan (a grid over a
+    scheduler's tunable also crosses the schedulers that ignore it): each runs once."""
+    seen: dict[str, dict] = {}
+    out = []
+    for exp, repeat, point in todo:
+        rid = exp.run_id(repeat)
+        if rid in seen:
+            where = ", ".join(f"{k}={v}" for k, v in point.items())
+            print(f"sweep: {where} is the same experiment as {', '.join(f'{k}={v}' for k, v in seen[rid].items())} "
+                  f"({rid}): run once", file=sys.stderr)
+            continue
+        seen[rid] = point
+        out.append((exp, repeat, point))
+    return out
+
+
 def run_plan(plan: Plan, results_root: Path, force: bool = False,
              shard: tuple[int, int] | None = None) -> list[dict]:
     sweep_dir = results_root / plan.name
     done = set() if force else completed(sweep_dir)
     points = plan.points or [{} for _ in plan.experiments]
-    todo = shard_of([(e, r, p) for e, p in zip(plan.experiments, points) for r in range(plan.repeats)], shard)
+    todo = shard_of(unique_runs([(e, r, p) for e, p in zip(plan.experiments, points) for r in range(plan.repeats)]),
+                    shard)
     pending = sum(1 for e, r, _ in todo if e.run_id(r) not in done)
     rows: list[dict] = []
     old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)

@@ -11,7 +11,7 @@ import yaml
 
 from emu.config import ConfigError, load_plan
 from emu.results import merge, record_run
-from emu.sweep import shard_of
+from emu.sweep import shard_of, unique_runs
 from tasks import _sections
 from tests.conftest import REPO, invoke, invoke_popen, needs_root
 from tests.test_config import GOOD
@@ -64,6 +64,17 @@ def test_cli_bad_sweep_exit_2_nothing_run(tmp_path):
     assert not (tmp_path / "r").exists()
     r = invoke("sweep", str(tmp_path / "base.yaml"), "--shard", "4/4", "--results", str(tmp_path / "r"), timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == "error: --shard '4/4': need 0 <= i < n"
+
+
+def test_grid_points_that_are_one_experiment_run_once(tmp_path, capsys):
+    """fifo ignores mercury's packet size, so a grid over both has 3 experiments, not 4."""
+    plan = load_plan(write(tmp_path / "g.yaml", {**GOOD, "grid": {
+        "scheduler": ["fifo", "mercury"], "schedulers.mercury.packet_bytes": [4096, 16384]}}), _sections())
+    todo = [(e, 0, p) for e, p in zip(plan.experiments, plan.points)]
+    kept = unique_runs(todo)
+    assert [(e.scheduler, e.scheduler_params) for e, _, _ in kept] == [
+        ("fifo", {}), ("mercury", {"packet_bytes": 4096}), ("mercury", {"packet_bytes": 16384})]
+    assert "the same experiment as" in capsys.readouterr().err
 
 
 def test_shards_are_disjoint_and_complete():
