@@ -98,6 +98,22 @@ def cgroup_controllers() -> dict[str, str]:
     return out
 
 
+def tcp_congestion_controls() -> list[str]:
+    """Congestion controls this kernel has now (built in or loaded), in its own order."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    except OSError:
+        return []
+
+
+def tcp_default_congestion_control() -> str | None:
+    """The machine's default, which new network namespaces inherit unless a run sets its own."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError:
+        return None
+
+
 def switches() -> dict[str, bool]:
     return {
         "LinuxBridge (brctl)": bool(shutil.which("brctl")),
@@ -121,6 +137,9 @@ def report() -> str:
     lines += [f"  {name:<9} {how}" for name, how in sorted(cg.items())] or ["  none found"]
     lines.append("tools:")
     lines += [f"  {name:<9} {mark[ok]}" for name, ok in tools().items()]
+    lines.append(f"tcp congestion control: {' '.join(tcp_congestion_controls()) or '?'} "
+                 f"(machine default {tcp_default_congestion_control() or '?'}; runs set tcp.congestion_control "
+                 f"in every host, cubic unless configured)")
     lines.append(f"kernel: {os.uname().release}; cpus: {os.cpu_count()}")
     if not q.get("netem"):
         lines.append("note: without netem, configs with delay_ms or loss_pct are refused.")

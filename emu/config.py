@@ -59,6 +59,26 @@ class MonitorConfig(Strict):
                                     description="qdisc backlog/drops; costs one tc call per host each time")
 
 
+class TcpConfig(Strict):
+    """TCP as the emulated hosts run it. Set in every host's network namespace, because a
+    namespace otherwise inherits the machine's default, and that default changes results:
+    on this machine it is bbr, under which the four result streams of a parameter server
+    sharing one link drifted apart by 150 ms per iteration and mercury ran 1.33x slower
+    than with cubic (610 vs 458 ms on configs/sweeps/reference.yaml)."""
+
+    congestion_control: str = Field(default="cubic", pattern=r"^[a-z0-9_]{1,15}$",
+                                    description="net.ipv4.tcp_congestion_control in every host (Linux's default: cubic)")
+
+    @field_validator("congestion_control")
+    @classmethod
+    def _available(cls, name: str) -> str:
+        have = capabilities.tcp_congestion_controls()
+        if have and name not in have:
+            raise ValueError(f"{name!r} is not available in this kernel ({platform.release()}); "
+                             f"it has: {', '.join(have)}")
+        return name
+
+
 class FidelityConfig(Strict):
     """Thresholds of the per-run fidelity verdict (after Handigol et al., CoNEXT 2012)."""
 
@@ -81,6 +101,7 @@ class Experiment(Strict):
     host_cpu: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
         default_factory=dict, description="host -> share of the machine's CPU (CFS bandwidth cgroup)")
     monitor: MonitorConfig = MonitorConfig()
+    tcp: TcpConfig = TcpConfig()
     fidelity: FidelityConfig = FidelityConfig()
     roles: Roles
     workload: dict[str, Any]

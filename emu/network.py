@@ -64,10 +64,13 @@ class RecordedCPULimitedHost(_Recorded, CPULimitedHost):
 class Testbed:
     __test__ = False  # not a pytest class, despite the name
 
-    def __init__(self, spec: NetSpec, state: StateDir, host_cpu: dict[str, float] | None = None):
+    def __init__(self, spec: NetSpec, state: StateDir, host_cpu: dict[str, float] | None = None,
+                 tcp_congestion_control: str | None = "cubic"):
+        """tcp_congestion_control: set in every host's namespace (None: inherit the machine's)."""
         self.spec = spec
         self.state = state
         self.host_cpu = host_cpu or {}
+        self.tcp_congestion_control = tcp_congestion_control
         self.net: Mininet | None = None
         self.roles: dict[str, subprocess.Popen] = {}
         self.aux: dict[str, subprocess.Popen] = {}
@@ -127,6 +130,7 @@ class Testbed:
         self.net.build()
         self.net.start()
         self._shape()
+        self._set_tcp()
         self.bringup_s = time.monotonic() - t0
 
     def _shape(self) -> None:
@@ -143,6 +147,25 @@ class Testbed:
                 if got is None or abs(got - mbps * 1e6) > 0.01 * mbps * 1e6:
                     raise NetworkError(f"shaping {src}->{dst}: kernel reports {got} bit/s on {dev}, "
                                        f"configured {mbps:g} Mb/s")
+
+    def _set_tcp(self) -> None:
+        """Each host is a network namespace with its own TCP defaults, inherited from the
+        machine unless set here: one `sysctl -w` per host, its echo checked."""
+        if self.tcp_congestion_control is None:
+            return
+        setting = f"net.ipv4.tcp_congestion_control={self.tcp_congestion_control}"
+        for name in self.spec.hosts:
+            p = self.net.get(name).popen(["sysctl", "-w", setting], stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+            out = p.communicate(timeout=10)[0].strip()
+            if p.returncode or out.replace(" ", "") != setting:
+                raise NetworkError(f"host {name}: setting {setting} failed: {out or p.returncode}")
+
+    def tcp_setting(self, host: str, key: str = "net.ipv4.tcp_congestion_control") -> str:
+        """A sysctl as `host`'s namespace sees it."""
+        p = self.net.get(host).popen(["sysctl", "-n", key], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     text=True)
+        return p.communicate(timeout=10)[0].strip()
 
     # ------------------------------------------------------------------ queries
     def ip(self, host: str) -> str:

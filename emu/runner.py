@@ -49,7 +49,8 @@ def terminate_as_interrupt(signum, _frame):
 
 
 def environment() -> dict[str, Any]:
-    """What produced a result: code version, library versions, kernel, network sysctls."""
+    """What produced a result: code version, library versions, kernel, and the machine's
+    network sysctls (the root namespace's; the hosts' congestion control is `tcp.*` in the row)."""
     def git(*args: str) -> str:
         r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
@@ -219,7 +220,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:
-        with Testbed(exp.net, state, exp.host_cpu) as tb:
+        with Testbed(exp.net, state, exp.host_cpu, exp.tcp.congestion_control) as tb:
             row["bringup_s"] = tb.bringup_s
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
             row["monitor_t0_wall"] = t0_wall  # wall-clock time of t = 0 in links/qdiscs/cpu tables

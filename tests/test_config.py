@@ -140,3 +140,14 @@ def test_run_id_ignores_unused_optional_features(tmp_path):
                          _sections()).experiments[0]
     changed = load_plan(write(tmp_path, {**GOOD, "host_cpu": {"w0": 0.5}}), _sections()).experiments[0]
     assert plain.run_id(0) == explicit.run_id(0) != changed.run_id(0)
+
+
+def test_congestion_control_defaults_to_cubic_and_must_exist(tmp_path):
+    exp = load_plan(write(tmp_path, GOOD), _sections()).experiments[0]
+    assert exp.tcp.congestion_control == "cubic" and exp.resolved()["tcp"] == {"congestion_control": "cubic"}
+    reno = load_plan(write(tmp_path, variant("tcp.congestion_control", "reno")), _sections()).experiments[0]
+    assert reno.run_id(0) != exp.run_id(0)
+    with pytest.raises(ConfigError) as e:
+        load_plan(write(tmp_path, variant("tcp.congestion_control", "nosuchcc")), _sections())
+    assert str(e.value).startswith("tcp.congestion_control: 'nosuchcc' is not available in this kernel ("), e.value
+    assert "cubic" in str(e.value)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from emu import tc
+from emu import capabilities, tc
 from emu.cleanup import StateDir
 from emu.crosstraffic import CrossTraffic, Flow
 from emu.monitor import Monitor
@@ -41,6 +41,18 @@ def test_star_up_and_down_rates(tmp_path, state, no_leftovers):
         down = iperf(tb, "b", "a", tmp_path, seconds=2)
     assert within(up, 40), up
     assert within(down, 80), down
+
+
+def test_hosts_run_the_configured_congestion_control(state, no_leftovers):
+    """Each host is its own namespace: the run's choice holds in every one of them, and the
+    machine's own default is left as it was."""
+    machine = capabilities.tcp_default_congestion_control()
+    spec = StarTopology.model_validate({"kind": "star", "hosts": [
+        {"name": "a", "bw_mbps": 10}, {"name": "b", "bw_mbps": 10}, {"name": "c", "bw_mbps": 10}]}).resolve()
+    for cc in ("reno", "cubic"):
+        with Testbed(spec, state, tcp_congestion_control=cc) as tb:
+            assert {h: tb.tcp_setting(h) for h in spec.hosts} == {h: cc for h in spec.hosts}
+        assert capabilities.tcp_default_congestion_control() == machine
 
 
 def test_racks_oversubscribed_uplink(tmp_path, state, no_leftovers):
