@@ -9,6 +9,7 @@ the other swept keys (e.g. the model) become panels, so any sweep can be plotted
 from __future__ import annotations
 
 import json
+import warnings
 import zlib
 from pathlib import Path
 
@@ -410,8 +411,10 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[
 
     sns.set_theme(style="whitegrid", context="notebook")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
-    sns.boxplot(data=iters, x="scheduler", y="iteration_ms", order=order, ax=ax1, color="#cfe0f3",
-                showfliers=False)
+    with warnings.catch_warnings():  # seaborn 0.13 still passes matplotlib 3.11's deprecated `vert`
+        warnings.filterwarnings("ignore", message="vert: bool was deprecated", category=DeprecationWarning)
+        sns.boxplot(data=iters, x="scheduler", y="iteration_ms", order=order, ax=ax1, color="#cfe0f3",
+                    showfliers=False)
     sns.stripplot(data=iters, x="scheduler", y="iteration_ms", hue="worker", order=order, ax=ax1,
                   dodge=True, size=3, alpha=0.7, palette="deep")
     ax1.set(xlabel="scheduler", ylabel="iteration time (ms)", title="Iteration time per worker")
