@@ -15,7 +15,8 @@ CATEGORIES = [  # (pattern, category): the first that matches wins
     (r"CPU idle fell", "CPU saturated: idle time fell below the threshold, so compute and "
                        "protocol processing competed for cores"),
     (r"above its configured rate", "a link sent faster than its configured rate (shaping leaked)"),
-    (r"backlogged but reached only", "a backlogged link delivered less than its configured rate"),
+    (r"had queued work but reached only|backlogged but reached only",  # the second: older rows
+     "a link with queued work delivered less than its configured rate"),
 ]
 
 

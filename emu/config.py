@@ -85,7 +85,7 @@ class FidelityConfig(Strict):
     window_s: float = Field(default=1.0, gt=0)
     cpu_idle_min: float = Field(default=0.35, ge=0, le=1, description="machine CPU idle, every window")
     rate_tolerance: float = Field(default=0.05, ge=0, description="realized rate <= configured x (1 + this)")
-    saturated_min: float = Field(default=0.9, ge=0, le=1, description="a backlogged link reaches this x rate")
+    saturated_min: float = Field(default=0.9, ge=0, le=1, description="a link with proven queued work reaches this x rate")
 
 
 class Experiment(Strict):

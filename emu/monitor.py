@@ -82,11 +82,13 @@ class Monitor:
             for ns, devs in by_ns.items():
                 cmd = (["mnexec", "-a", str(ns)] if ns is not None else []) + ["tc", "-s", "-j", "qdisc", "show"]
                 try:
+                    before = time.monotonic()
                     out = subprocess.run(cmd, capture_output=True, text=True, timeout=2).stdout
                     t = time.monotonic() - self.t0
+                    read_s = t - (before - self.t0)  # the kernel's snapshot is somewhere in [t - read_s, t]
                     for q in json.loads(out or "[]"):
                         if q.get("root") and q.get("dev") in devs:
-                            self.qdisc_rows.append((devs[q["dev"]], t, q.get("backlog", 0), q.get("drops", 0)))
+                            self.qdisc_rows.append((devs[q["dev"]], t, read_s, q.get("backlog", 0), q.get("drops", 0)))
                 except (subprocess.SubprocessError, ValueError, OSError):
                     continue
 
@@ -105,6 +107,6 @@ class Monitor:
         if self._qthread.is_alive():
             self._qthread.join(3)
         links = pd.DataFrame(self.link_rows, columns=["link", "t", "tx_bytes_per_s", "configured_bps"])
-        qdiscs = pd.DataFrame(self.qdisc_rows, columns=["link", "t", "backlog_bytes", "drops"])
+        qdiscs = pd.DataFrame(self.qdisc_rows, columns=["link", "t", "read_s", "backlog_bytes", "drops"])
         cpu = pd.DataFrame(self.cpu_rows, columns=["t", "cpu_idle", "harness_cpu"])
         return links, qdiscs, cpu
