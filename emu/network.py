@@ -139,7 +139,8 @@ class Testbed:
             for src, dst, mbps in ((ln.a, ln.b, ln.ab_mbps), (ln.b, ln.a, ln.ba_mbps)):
                 dev, ns = self.egress(src, dst)
                 try:
-                    for cmd in tc.setup_commands(dev, mbps * 1e6, ln.delay_ms, ln.loss_pct, ln.queue_pkts):
+                    for cmd in tc.setup_commands(dev, mbps * 1e6, ln.delay_ms, ln.loss_pct, ln.queue_pkts,
+                                                  ln.queue_ms):
                         tc.run(cmd, ns)
                     got = tc.class_rate(dev, ns)
                 except tc.TcError as e:

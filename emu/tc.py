@@ -1,8 +1,9 @@
 """Link shaping with tc, configured by the testbed itself (not Mininet's TCIntf).
 
 TCIntf silently ignores rates above 1000 Mb/s and rebuilds qdiscs to change a rate.
-Here every shaped interface gets `htb` root 5: with one class 5:1 (all traffic), and an
-optional leaf (netem for delay/loss, or a pfifo of given length). A rate change is one
+Here every shaped interface gets `htb` root 5: with one class 5:1 (all traffic), and a
+leaf queue: a bfifo of `queue_ms` of the rate by default, a pfifo of `queue_pkts`, or
+netem for delay/loss. A rate change is one
 `tc class change` on 5:1: the queue is kept (rebuilding a qdisc flushes it; mininet #650).
 
 Commands are argument lists, never shell strings; `ns_pid` runs them inside a Mininet
@@ -38,8 +39,15 @@ def _rate_args(rate_bps: float) -> list[str]:
             "cburst", _burst(rate_bps), "quantum", QUANTUM]
 
 
+MIN_QUEUE_BYTES = 64 * 1024  # one GSO packet from veth must always fit
+
+
+def queue_bytes(rate_bps: float, queue_ms: float) -> int:
+    return max(int(rate_bps / 8 * queue_ms / 1e3), MIN_QUEUE_BYTES)
+
+
 def setup_commands(dev: str, rate_bps: float, delay_ms: float | None = None, loss_pct: float | None = None,
-                   queue_pkts: int | None = None) -> list[list[str]]:
+                   queue_pkts: int | None = None, queue_ms: float | None = None) -> list[list[str]]:
     cmds = [
         ["tc", "qdisc", "add", "dev", dev, "root", "handle", HANDLE, "htb", "default", "1"],
         ["tc", "class", "add", "dev", dev, "parent", HANDLE, "classid", CLASS, "htb", *_rate_args(rate_bps)],
@@ -56,6 +64,9 @@ def setup_commands(dev: str, rate_bps: float, delay_ms: float | None = None, los
     elif queue_pkts:
         cmds.append(["tc", "qdisc", "add", "dev", dev, "parent", CLASS, "handle", "10:", "pfifo",
                      "limit", str(queue_pkts)])
+    elif queue_ms:
+        cmds.append(["tc", "qdisc", "add", "dev", dev, "parent", CLASS, "handle", "10:", "bfifo",
+                     "limit", str(queue_bytes(rate_bps, queue_ms))])
     return cmds
 
 

@@ -30,12 +30,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+DEFAULT_QUEUE_MS = 20.0
+
+
 class LinkOptions(_Strict):
-    """Per-link options beyond rate. Delay and loss need the kernel's netem qdisc."""
+    """Per-link options beyond rate. Delay and loss need the kernel's netem qdisc.
+
+    The queue is bounded in bytes by default (`queue_ms` of the link's rate, a bfifo):
+    a bound in packets is no bound here, because veth hands the qdisc GSO packets of up to
+    64 KB. With the kernel's default 1000 packets, one cubic iperf3 flow kept a 12 MB queue
+    (0.9 s) on a 106 Mb/s link, and bytescheduler's request/response rounds behind it took
+    24 s per iteration."""
 
     delay_ms: float | None = Field(default=None, ge=0)
     loss_pct: float | None = Field(default=None, ge=0, le=100)
-    queue_pkts: int | None = Field(default=None, gt=0, description="leaf queue length in packets")
+    queue_ms: float = Field(default=DEFAULT_QUEUE_MS, gt=0,
+                            description="drop-tail queue of each direction, in ms of its configured rate "
+                                        "(at least 64 KB; a rate change keeps the bytes)")
+    queue_pkts: int | None = Field(default=None, gt=0,
+                                   description="a queue of this many packets instead (pfifo; netem's limit with delay/loss)")
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,7 @@ class LinkSpec:
     delay_ms: float | None = None
     loss_pct: float | None = None
     queue_pkts: int | None = None
+    queue_ms: float = DEFAULT_QUEUE_MS
 
 
 @dataclass(frozen=True)
@@ -156,7 +170,8 @@ class StarTopology(LinkOptions):
 
     def resolve(self) -> NetSpec:
         hosts = self.host_list()
-        opts = dict(delay_ms=self.delay_ms, loss_pct=self.loss_pct, queue_pkts=self.queue_pkts)
+        opts = dict(delay_ms=self.delay_ms, loss_pct=self.loss_pct, queue_pkts=self.queue_pkts,
+                    queue_ms=self.queue_ms)
         return NetSpec(hosts=[h.name for h in hosts], switches=[self.switch],
                        links=[LinkSpec(h.name, self.switch, h.up, h.down, **opts) for h in hosts])
 
@@ -199,7 +214,8 @@ class RacksTopology(LinkOptions):
     oversubscription: float = Field(default=1.0, ge=1, description="rack hosts' rate / uplink rate")
 
     def resolve(self) -> NetSpec:
-        opts = dict(delay_ms=self.delay_ms, loss_pct=self.loss_pct, queue_pkts=self.queue_pkts)
+        opts = dict(delay_ms=self.delay_ms, loss_pct=self.loss_pct, queue_pkts=self.queue_pkts,
+                    queue_ms=self.queue_ms)
         uplink = _clip(self.hosts_per_rack * self.host_bw_mbps / self.oversubscription)
         hosts, links = [], []
         for r in range(self.racks):
@@ -284,7 +300,7 @@ class GraphTopology(_Strict):
         for ln in self.links:
             ab = ln.ab_mbps if ln.ab_mbps is not None else ln.bw_mbps
             ba = ln.ba_mbps if ln.ba_mbps is not None else ln.bw_mbps
-            links.append(LinkSpec(ln.a, ln.b, ab, ba, ln.delay_ms, ln.loss_pct, ln.queue_pkts))
+            links.append(LinkSpec(ln.a, ln.b, ab, ba, ln.delay_ms, ln.loss_pct, ln.queue_pkts, ln.queue_ms))
         return NetSpec(hosts=[n.name for n in self.nodes if n.kind == "host"],
                        switches=[n.name for n in self.nodes if n.kind == "switch"], links=links)
 

@@ -5,6 +5,8 @@ the configured rate, see DESIGN.md): within 10% of it.
 """
 from __future__ import annotations
 
+import json
+import threading
 import time
 
 import pytest
@@ -53,6 +55,27 @@ def test_hosts_run_the_configured_congestion_control(state, no_leftovers):
         with Testbed(spec, state, tcp_congestion_control=cc) as tb:
             assert {h: tb.tcp_setting(h) for h in spec.hosts} == {h: cc for h in spec.hosts}
         assert capabilities.tcp_default_congestion_control() == machine
+
+
+def test_queues_are_bounded_in_bytes(tmp_path, state, no_leftovers):
+    """A bulk TCP flow's standing queue in the switch stays within queue_ms of the rate
+    (plus one GSO packet); with the kernel's 1000-packet default it grew to megabytes."""
+    spec = StarTopology.model_validate({"kind": "star", "queue_ms": 40, "hosts": [
+        {"name": "a", "bw_mbps": 100}, {"name": "b", "bw_mbps": 40}]}).resolve()
+    limit = tc.queue_bytes(40e6, 40)
+    with Testbed(spec, state) as tb:
+        dev, ns = tb.egress("s1", "b")  # the bottleneck, where the queue builds
+        assert f"bfifo 10: parent 5:1 limit {limit}b" in tc.run(["tc", "qdisc", "show", "dev", dev], ns)
+        flow = threading.Thread(target=iperf, args=(tb, "a", "b", tmp_path), kwargs={"seconds": 2})
+        flow.start()
+        backlog = []
+        while flow.is_alive():
+            stats = json.loads(tc.run(["tc", "-s", "-j", "qdisc", "show", "dev", dev], ns))
+            backlog += [q["backlog"] for q in stats if q.get("root")]
+            time.sleep(0.05)
+        flow.join()
+    assert max(backlog) > 0.25 * limit, max(backlog)  # the flow did queue
+    assert max(backlog) <= limit + 64 * 1024, max(backlog)
 
 
 def test_racks_oversubscribed_uplink(tmp_path, state, no_leftovers):
