@@ -39,6 +39,7 @@ BAD = [
     (variant("topology.hosts.1.bw_mbps", "fast"), "topology.hosts[1].bw_mbps: must be a number, got 'fast'"),
     (variant("topology.hosts.2.name", "w0"), "topology.hosts[2].name: host name 'w0' is used twice"),
     (variant("topology.hosts.0.colour", "red"), "topology.hosts[0].colour: unknown key"),
+    (variant("topology.queue_ms", 0), "topology.queue_ms: must be > 0"),
     (variant("bogus", 1), "bogus: unknown key"),
     (variant("topology.kind", "ring"), "topology.kind: unknown kind 'ring' (known: star, racks, graph)"),
     (variant("roles.workers.1", "w9"), "roles.workers[1]: 'w9' is not a host of the topology"),
