@@ -84,8 +84,8 @@ class Monitor:
                 try:
                     before = time.monotonic()
                     out = subprocess.run(cmd, capture_output=True, text=True, timeout=2).stdout
-                    t = time.monotonic() - self.t0
-                    read_s = t - (before - self.t0)  # the kernel's snapshot is somewhere in [t - read_s, t]
+                    after = time.monotonic()
+                    t, read_s = after - self.t0, after - before  # the snapshot lies in [t - read_s, t]
                     for q in json.loads(out or "[]"):
                         if q.get("root") and q.get("dev") in devs:
                             self.qdisc_rows.append((devs[q["dev"]], t, read_s, q.get("backlog", 0), q.get("drops", 0)))

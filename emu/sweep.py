@@ -25,6 +25,10 @@ def shard_of(todo: list, shard: tuple[int, int] | None) -> list:
     return [t for k, t in enumerate(todo) if k % n == i]
 
 
+def _where(point: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items())
+
+
 def unique_runs(todo: list) -> list:
     """Drop grid points that resolve to an experiment already in the plan (a grid over a
     scheduler's tunable also crosses the schedulers that ignore it): each runs once."""
@@ -33,9 +37,8 @@ def unique_runs(todo: list) -> list:
     for exp, repeat, point in todo:
         rid = exp.run_id(repeat)
         if rid in seen:
-            where = ", ".join(f"{k}={v}" for k, v in point.items())
-            print(f"sweep: {where} is the same experiment as {', '.join(f'{k}={v}' for k, v in seen[rid].items())} "
-                  f"({rid}): run once", file=sys.stderr)
+            print(f"sweep: {_where(point)} is the same experiment as {_where(seen[rid])} ({rid}): run once",
+                  file=sys.stderr)
             continue
         seen[rid] = point
         out.append((exp, repeat, point))
@@ -59,8 +62,7 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
         with StateDir() as state:
             for i, (exp, repeat, point) in enumerate(todo, 1):
                 rid = exp.run_id(repeat)
-                where = ", ".join(f"{k}={v}" for k, v in point.items()) or exp.scheduler
-                label = f"[{i}/{len(todo)}] {where} repeat {repeat} ({rid})"
+                label = f"[{i}/{len(todo)}] {_where(point) or exp.scheduler} repeat {repeat} ({rid})"
                 if rid in done:
                     print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
                     continue
