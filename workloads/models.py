@@ -58,6 +58,19 @@ def cnn(preset: str) -> nn.Sequential:
     )
 
 
+def _with_fc_head(model: nn.Sequential, channels: int, pool: int, fc: int, classes: int) -> nn.Sequential:
+    """AlexNet's and VGG's head: pool to pool x pool, then three fully connected layers (the
+    few huge tensors that make these models interesting to schedule)."""
+    model.pool = nn.AdaptiveAvgPool2d(pool)
+    model.flatten = nn.Flatten()
+    model.classifier = nn.Sequential(
+        nn.Linear(channels * pool * pool, fc), nn.ReLU(),
+        nn.Linear(fc, fc), nn.ReLU(),
+        nn.Linear(fc, classes),
+    )
+    return model
+
+
 # ----------------------------------------------------------------------------- alexnet
 # conv channels, first conv (kernel, stride, padding), pooled side, fc width, image side, classes
 ALEXNET = {
@@ -79,14 +92,7 @@ def alexnet(ch, conv1, pool, fc, classes, **_) -> nn.Module:
         nn.Conv2d(c3, c4, 3, padding=1), nn.ReLU(),
         nn.Conv2d(c4, c5, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2),
     )
-    model.pool = nn.AdaptiveAvgPool2d(pool)
-    model.flatten = nn.Flatten()
-    model.classifier = nn.Sequential(
-        nn.Linear(c5 * pool * pool, fc), nn.ReLU(),
-        nn.Linear(fc, fc), nn.ReLU(),
-        nn.Linear(fc, classes),
-    )
-    return model
+    return _with_fc_head(model, c5, pool, fc, classes)
 
 
 # ----------------------------------------------------------------------------- vgg
@@ -110,14 +116,7 @@ def vgg(div, pool, fc, classes, **_) -> nn.Module:
             c_in = v // div
     model = nn.Sequential()
     model.features = nn.Sequential(*layers)
-    model.pool = nn.AdaptiveAvgPool2d(pool)
-    model.flatten = nn.Flatten()
-    model.classifier = nn.Sequential(
-        nn.Linear(c_in * pool * pool, fc), nn.ReLU(),
-        nn.Linear(fc, fc), nn.ReLU(),
-        nn.Linear(fc, classes),
-    )
-    return model
+    return _with_fc_head(model, c_in, pool, fc, classes)
 
 
 # ----------------------------------------------------------------------------- resnet
