@@ -1,10 +1,12 @@
 """What a run started, written down as it starts it, so anything can be torn down later.
 
 Each orchestrator process owns `/run/schedlab/<pid>/` and records there every Mininet
-host shell, role process and root-namespace interface it creates. A process is identified
-by (pid, start time), so a recycled pid is never killed. `clean()` removes the state of
-orchestrators that are gone (or, with `force`, of all of them): it kills recorded process
-groups and deletes recorded interfaces. Nothing is ever found by matching names.
+host shell, role process, root-namespace interface and cgroup it creates, and the
+machine's value of every kernel setting it changes, before changing it. A process is
+identified by (pid, start time), so a recycled pid is never killed. `clean()` removes the
+state of orchestrators that are gone (or, with `force`, of all of them): it kills recorded
+process groups, deletes recorded interfaces and puts recorded settings back. Nothing is
+ever found by matching names.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from emu.machine import read_sysctl, write_sysctl
 
 STATE_ROOT = Path(os.environ.get("SCHEDLAB_STATE_DIR", "/run/schedlab"))
 CGROUP_ROOT = "/sys/fs/cgroup"  # cgroup v1 hierarchies, one directory per controller
@@ -106,6 +110,29 @@ class StateDir:
     def add_cgroup(self, name: str) -> None:
         self._write(f"cgroup-{name}.json", {"name": name})
 
+    def change_sysctl(self, key: str, value: str) -> None:
+        """Set a machine-wide sysctl for this run, its current value recorded first (once:
+        a second change keeps the first original), so teardown or `clean` can restore it."""
+        record = self.path / f"sysctl-{key}.json"
+        if not record.exists():
+            original = read_sysctl(key)
+            if original is None:
+                raise OSError(f"sysctl {key}: not present in this kernel")
+            self._write(record.name, {"name": key, "original": original, "recorded_at": time.time()})
+        write_sysctl(key, value)
+
+    def sysctls(self) -> list[dict]:
+        """Recorded machine settings: name, original value, when recorded."""
+        out = []
+        for f in sorted(self.path.glob("sysctl-*.json")):
+            try:
+                rec = json.loads(f.read_text())
+                out.append({"name": str(rec["name"]), "original": str(rec["original"]),
+                            "recorded_at": float(rec.get("recorded_at", 0))})
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return out
+
     def _names(self, kind: str) -> list[str]:
         names = []
         for f in sorted(self.path.glob(f"{kind}-*.json")):
@@ -137,8 +164,9 @@ class StateDir:
             return False
         return alive(owner["pid"], owner.get("started"))
 
-    def teardown(self) -> list[str]:
-        """Kill roles, then host shells, then delete links; return what was still there."""
+    def teardown(self, sysctls: bool = True) -> list[str]:
+        """Kill roles, then host shells, then delete links and cgroups, then put machine
+        settings back (unless `sysctls` is False); return what was still there."""
         found: list[str] = []
         procs = self.processes()
         for kind in ("role", "host"):
@@ -159,15 +187,33 @@ class StateDir:
                     d.rmdir()  # empty once its processes are gone
                 except OSError:
                     pass
+        if sysctls:
+            found += restore_sysctls(self.sysctls())
         return found
 
     def clear(self) -> None:
         """Forget the records of a network that was torn down cleanly."""
-        for f in [*self.path.glob("proc-*.json"), *self.path.glob("link-*.json"), *self.path.glob("cgroup-*.json")]:
+        for f in [*self.path.glob("proc-*.json"), *self.path.glob("link-*.json"), *self.path.glob("cgroup-*.json"),
+                  *self.path.glob("sysctl-*.json")]:
             f.unlink(missing_ok=True)
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def restore_sysctls(records: list[dict]) -> list[str]:
+    """Put recorded settings back, newest record first, so where two runs changed the same key
+    (one killed, the next recording the changed value as its original) the oldest original,
+    the machine's own, is what remains."""
+    done = []
+    for rec in sorted(records, key=lambda r: r["recorded_at"], reverse=True):
+        if read_sysctl(rec["name"]) != " ".join(rec["original"].split()):
+            try:
+                write_sysctl(rec["name"], rec["original"])
+                done.append(f"sysctl {rec['name']} (restored to {rec['original']!r})")
+            except OSError as e:
+                done.append(f"sysctl {rec['name']}: could not restore {rec['original']!r} ({e})")
+    return done
 
 
 def clean(force: bool = False, root: Path = STATE_ROOT) -> list[str]:
@@ -179,14 +225,17 @@ def clean(force: bool = False, root: Path = STATE_ROOT) -> list[str]:
     removed: list[str] = []
     if not root.exists():
         return removed
+    gone: list[StateDir] = []
     for d in sorted(root.iterdir()):
         if not d.is_dir() or not d.name.isdigit():
             continue
         state = StateDir(root, int(d.name))
-        if state.pid == os.getpid():
+        if state.pid == os.getpid() or (state.owner_alive() and not force):
             continue
-        if state.owner_alive() and not force:
-            continue
-        removed += [f"{line} [orchestrator {state.pid}]" for line in state.teardown()]
+        removed += [f"{line} [orchestrator {state.pid}]" for line in state.teardown(sysctls=False)]
+        gone.append(state)
+    # Settings last and across all orchestrators at once: their order decides what remains.
+    removed += restore_sysctls([rec for state in gone for rec in state.sysctls()])
+    for state in gone:
         state.remove()
     return removed

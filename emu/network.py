@@ -23,7 +23,7 @@ from mininet.net import Mininet
 from mininet.node import CPULimitedHost, Host
 from mininet.nodelib import LinuxBridge
 
-from emu import tc
+from emu import machine, tc
 from emu.cleanup import StateDir, kill_group, start_time
 from emu.topology import mininet_topo
 from emu.topospec import NetSpec
@@ -103,8 +103,31 @@ class Testbed:
         self._lockf.write(str(os.getpid()))
         self._lockf.flush()
 
+    def _machine_settings(self) -> None:
+        """Machine-wide settings this run needs, each recorded before it is changed (and put
+        back by teardown or `./inv clean`). Mininet's own `fixLimits()` would change more of
+        them and never restore them, so it is skipped (`Mininet.inited`)."""
+        Mininet.inited = True
+        machine.raise_process_limits()
+        for limit in machine.RUN_LIMITS:
+            have = machine.read_sysctl(limit.key)
+            if have is not None and have.isdigit() and int(have) < limit.at_least:
+                self.state.change_sysctl(limit.key, str(limit.at_least))
+        cc = self.tcp_congestion_control
+        if cc is not None:
+            if cc not in (machine.read_sysctl(machine.AVAILABLE_CC) or "").split():
+                raise NetworkError(f"tcp congestion control {cc!r} is not available in this kernel")
+            allowed = machine.allowed_with(cc)
+            if allowed is not None:
+                try:
+                    self.state.change_sysctl(machine.ALLOWED_CC, allowed)
+                except OSError as e:
+                    raise NetworkError(f"allowing tcp congestion control {cc!r} in the hosts' namespaces "
+                                       f"({machine.ALLOWED_CC}={allowed}): {e}") from None
+
     def _start(self) -> None:
         self._lock()
+        self._machine_settings()
         setLogLevel("critical")
         topo = mininet_topo(self.spec, self.host_cpu, partial(RecordedCPULimitedHost, state=self.state))
         # Mininet names interfaces <node>-eth<port>: record every name before it exists,
@@ -151,20 +174,24 @@ class Testbed:
 
     def _set_tcp(self) -> None:
         """Each host is a network namespace with its own TCP defaults, inherited from the
-        machine unless set here: one `sysctl -w` per host, its echo checked."""
-        if self.tcp_congestion_control is None:
-            return
-        setting = f"net.ipv4.tcp_congestion_control={self.tcp_congestion_control}"
+        machine unless set here: one `sysctl -w` per host, then every value read back."""
+        want = dict(machine.HOST_TCP_BUFFERS)
+        if self.tcp_congestion_control is not None:
+            want["net.ipv4.tcp_congestion_control"] = self.tcp_congestion_control
         for name in self.spec.hosts:
-            p = self.net.get(name).popen(["sysctl", "-w", setting], stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
+            p = self.net.get(name).popen(["sysctl", "-w", *(f"{k}={v}" for k, v in want.items())],
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, text=True)
             out = p.communicate(timeout=10)[0].strip()
-            if p.returncode or out.replace(" ", "") != setting:
-                raise NetworkError(f"host {name}: setting {setting} failed: {out or p.returncode}")
+            got = dict(zip(want, (" ".join(v.split()) for v in self.tcp_setting(name, *want).splitlines())))
+            if p.returncode or got != want:
+                bad = next(k for k in want if got[k] != want[k])
+                raise NetworkError(f"host {name}: setting {bad}={want[bad]} failed: {out or p.returncode}")
 
-    def tcp_setting(self, host: str, key: str = "net.ipv4.tcp_congestion_control") -> str:
-        """A sysctl as `host`'s namespace sees it."""
-        p = self.net.get(host).popen(["sysctl", "-n", key], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    def tcp_setting(self, host: str, *keys: str) -> str:
+        """Sysctls as `host`'s namespace sees them (default: its congestion control), one per line."""
+        keys = keys or ("net.ipv4.tcp_congestion_control",)
+        p = self.net.get(host).popen(["sysctl", "-n", *keys], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                      text=True)
         return p.communicate(timeout=10)[0].strip()
 

@@ -27,6 +27,7 @@ from emu.cleanup import StateDir
 from emu.config import Experiment
 from emu.crosstraffic import CrossTraffic
 from emu.fidelity import verdict
+from emu.machine import RUN_LIMITS, read_sysctl
 from emu.monitor import Monitor
 from emu.network import NetworkError, Testbed
 from emu.results import flatten, record_run, write_parquet, write_text
@@ -37,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 SERVER_PORT = 29500  # server i listens on SERVER_PORT + i
 WORKER_PORT = 29600  # worker i listens for its peers on WORKER_PORT + i
 SYSCTLS = ["net.core.rmem_max", "net.core.wmem_max", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
-           "net.ipv4.tcp_congestion_control", "net.bridge.bridge-nf-call-iptables"]
+           "net.ipv4.tcp_congestion_control", "net.ipv4.tcp_allowed_congestion_control",
+           "net.bridge.bridge-nf-call-iptables", *(limit.key for limit in RUN_LIMITS)]
 
 
 class RunFailed(Exception):
@@ -55,10 +57,7 @@ def environment() -> dict[str, Any]:
         r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else ""
 
-    sysctls = {}
-    for name in SYSCTLS:
-        p = Path("/proc/sys") / name.replace(".", "/")
-        sysctls[name] = p.read_text().strip() if p.exists() else None
+    sysctls = {name: read_sysctl(name) for name in SYSCTLS}
     versions = {}
     for pkg in ("torch", "numpy", "pandas", "pydantic", "networkx"):
         try:
@@ -222,6 +221,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     try:
         with Testbed(exp.net, state, exp.host_cpu, exp.tcp.congestion_control) as tb:
             row["bringup_s"] = tb.bringup_s
+            _record_machine_changes(run_dir / "meta.json", state)
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
             row["monitor_t0_wall"] = t0_wall  # wall-clock time of t = 0 in links/qdiscs/cpu tables
         row["teardown_s"] = getattr(tb, "teardown_s", None)
@@ -259,6 +259,13 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
                 write_parquet(df.assign(run_id=run_id)[["run_id", *df.columns]], run_dir / f"{name}.parquet")
         record_run(sweep_dir, row)
     return row
+
+
+def _record_machine_changes(meta_path: Path, state: StateDir) -> None:
+    """meta.json gets what the run changed on the machine for its duration: key -> [machine's value, run's]."""
+    meta = json.loads(meta_path.read_text())
+    meta["machine_settings_changed"] = {r["name"]: [r["original"], read_sysctl(r["name"])] for r in state.sysctls()}
+    write_text(meta_path, json.dumps(meta, indent=2))
 
 
 def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.DataFrame], row: dict,
