@@ -177,3 +177,62 @@ def test_time_varying_shaping_and_cross_traffic_run(tmp_path, no_leftovers):
     assert json.loads(row["cross_traffic"])[0]["mbps"] > 0
     for table in ("links", "qdiscs", "cpu"):
         assert len(pd.read_parquet(run_dir / f"{table}.parquet")) > 10
+
+
+# ---------------------------------------------------------------- a fresh machine's settings
+
+FRESH_ALLOWED = "reno bbr"  # what a fresh machine of the project's kind allows in namespaces
+
+
+@pytest.fixture
+def fresh_machine():
+    """The machine as a newcomer has it: only reno and bbr allowed in namespaces. Every
+    setting a run may change is compared afterwards; the machine's own values are put back."""
+    from emu.machine import ALLOWED_CC, RUN_LIMITS, read_sysctl, write_sysctl
+
+    keys = [ALLOWED_CC, *(limit.key for limit in RUN_LIMITS)]
+    own = {k: read_sysctl(k) for k in keys}
+    write_sysctl(ALLOWED_CC, FRESH_ALLOWED)
+    fresh = {k: read_sysctl(k) for k in keys}
+    try:
+        yield fresh
+    finally:
+        for k, v in own.items():
+            if read_sysctl(k) != v:
+                write_sysctl(k, v)
+
+
+def machine_now(fresh: dict) -> dict:
+    from emu.machine import read_sysctl
+
+    return {k: read_sysctl(k) for k in fresh}
+
+
+def test_fresh_machine_runs_cubic_and_is_left_as_found(tmp_path, fresh_machine, no_leftovers):
+    results = tmp_path / "results"
+    r = invoke("run", str(config(tmp_path)), "--results", str(results), "--set", "tcp.congestion_control=cubic")
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = pd.read_parquet(results / "e2e" / "runs.parquet").iloc[0]
+    assert row["status"] == "ok" and row["tcp.congestion_control"] == "cubic", row["reason"]
+    assert machine_now(fresh_machine) == fresh_machine
+    meta = json.loads((results / "e2e" / row["run_id"] / "meta.json").read_text())
+    assert meta["machine_settings_changed"]["net.ipv4.tcp_allowed_congestion_control"] == [
+        FRESH_ALLOWED, FRESH_ALLOWED + " cubic"]
+
+
+def test_fresh_machine_kill_9_then_clean_restores_settings(tmp_path, fresh_machine, no_leftovers):
+    results = tmp_path / "results"
+    proc = invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results))
+    try:
+        wait_for(lambda: progress(results) >= 1, 120, "training to start")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    changed = machine_now(fresh_machine)
+    assert changed["net.ipv4.tcp_allowed_congestion_control"] == FRESH_ALLOWED + " cubic"
+    r = invoke("clean", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "sysctl net.ipv4.tcp_allowed_congestion_control (restored to 'reno bbr')" in r.stdout, r.stdout
+    assert machine_now(fresh_machine) == fresh_machine
