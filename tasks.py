@@ -202,10 +202,15 @@ def bench(c, only=None, quick=False):
 
 @task
 def doctor(c):
-    """Print what this machine can emulate: qdiscs, switches, cgroup controllers, tools."""
-    from emu.capabilities import report
+    """Check every machine requirement (README: Machine requirements): what is here, what a run changes."""
+    from emu.capabilities import checks, report
 
     print(report())
+    missing = [f"{ch.area} {ch.name}" for ch in checks() if not ch.ok]
+    if missing:
+        raise Exit(f"doctor: {len(missing)} requirement(s) missing: {'; '.join(missing)} (the line below each says "
+                   f"how to fix it)", code=1)
+    print("doctor: every requirement is met")
 
 
 @task(help={"force": "also tear down runs whose orchestrator is still alive (a hung run)"})

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -121,26 +122,123 @@ def switches() -> dict[str, bool]:
     }
 
 
+# Commands the harness runs -> the Debian package that has each (scripts/setup.sh installs them).
+TOOLS = {"mn": "mininet", "mnexec": "mininet", "tc": "iproute2", "ip": "iproute2", "iperf3": "iperf3",
+         "brctl": "bridge-utils", "ifconfig": "net-tools", "ethtool": "ethtool", "cgcreate": "cgroup-tools",
+         "cgclassify": "cgroup-tools", "sysctl": "procps"}
+
+
 def tools() -> dict[str, bool]:
-    return {t: bool(shutil.which(t)) for t in ("mnexec", "mn", "tc", "ip", "iperf3", "ethtool", "brctl")}
+    return {t: bool(shutil.which(t)) for t in TOOLS}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing the harness depends on or changes: its state here, and what to do about it."""
+
+    area: str
+    name: str
+    ok: bool          # False: a run (or some configs) cannot work until it is fixed
+    state: str        # what this machine has
+    handling: str     # what the harness or scripts/setup.sh does about it, or how to fix it
+
+
+def _sysctl_checks() -> list[Check]:
+    from emu import machine
+
+    out = []
+    avail = (machine.read_sysctl(machine.AVAILABLE_CC) or "").split()
+    allowed = machine.read_sysctl(machine.ALLOWED_CC) or "?"
+    out.append(Check("sysctl", machine.AVAILABLE_CC, "cubic" in avail, " ".join(avail) or "?",
+                     "tcp.congestion_control must be one of these (default cubic); others are refused before a run"))
+    out.append(Check("sysctl", machine.ALLOWED_CC, True, allowed,
+                     "a run adds its algorithm if missing (namespaces may only select allowed ones), "
+                     "recorded first, restored at teardown or by ./inv clean"))
+    out.append(Check("sysctl", "net.ipv4.tcp_congestion_control", True, machine.read_sysctl(
+        "net.ipv4.tcp_congestion_control") or "?", "left alone: every host sets its own"))
+    for key in machine.HOST_TCP_BUFFERS:
+        out.append(Check("sysctl", key, True, machine.read_sysctl(key) or "?",
+                         f"left alone: every host sets {machine.HOST_TCP_BUFFERS[key]!r} in its own namespace"))
+    for limit in machine.RUN_LIMITS:
+        have = machine.read_sysctl(limit.key) or "?"
+        out.append(Check("sysctl", limit.key, have != "?", have,
+                         f"raised to {limit.at_least} for a run if lower ({limit.why}), restored afterwards"))
+    for key in ("net.core.rmem_max", "net.core.wmem_max", "fs.file-max", "net.ipv4.route.max_size"):
+        out.append(Check("sysctl", key, True, machine.read_sysctl(key) or "?",
+                         "left alone (Mininet's fixLimits() would change it and never restore it; it is skipped)"))
+    nf = machine.read_sysctl("net.bridge.bridge-nf-call-iptables")
+    out.append(Check("sysctl", "net.bridge.bridge-nf-call-iptables", True, nf or "absent (no br_netfilter)",
+                     "left alone; if 1, bridged frames pass iptables' FORWARD chain, which must accept them "
+                     "(see the iptables line)" if nf == "1" else "left alone"))
+    out.append(Check("sysctl", "net.ipv4.ip_forward", True, machine.read_sysctl("net.ipv4.ip_forward") or "?",
+                     "left alone: not needed (every topology is one bridged layer-2 segment)"))
+    return out
+
+
+def _forward_policy() -> Check:
+    """With bridge netfilter on, a FORWARD policy of DROP (Docker sets it) drops the emulated traffic."""
+    nf = (Path("/proc/sys/net/bridge/bridge-nf-call-iptables").read_text().strip()
+          if Path("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() else "0")
+    if nf != "1" or not shutil.which("iptables") or os.geteuid() != 0:
+        return Check("firewall", "iptables FORWARD", True, "not consulted for bridged frames" if nf != "1"
+                     else "unknown (no iptables command, or not root)", "nothing to do")
+    r = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True)
+    policy = next((ln.split()[-1] for ln in r.stdout.splitlines() if ln.startswith("-P FORWARD")), "?")
+    return Check("firewall", "iptables FORWARD", policy != "DROP", f"policy {policy}",
+                 "fix: sysctl -w net.bridge.bridge-nf-call-iptables=0 for the session, or accept the "
+                 "bridges' traffic" if policy == "DROP" else "accepts bridged frames")
+
+
+def checks() -> list[Check]:
+    """Every piece of machine state the harness depends on or changes (README: Machine requirements)."""
+    from emu import machine
+
+    out: list[Check] = []
+    root = os.geteuid() == 0
+    out.append(Check("user", "root", root, "root" if root else f"uid {os.geteuid()}",
+                     "Mininet needs root: run as sudo ./inv ..."))
+    for t, ok in tools().items():
+        out.append(Check("tool", t, ok, shutil.which(t) or "missing",
+                         f"Debian package {TOOLS[t]}, installed by scripts/setup.sh (run ./inv as root)"))
+    q, how = qdiscs()
+    for name in ("htb", "bfifo", "pfifo", "tbf", "netem"):
+        ok = q.get(name)
+        need = name != "netem" and name != "tbf"
+        out.append(Check("kernel", f"qdisc {name}", bool(ok) or not need,
+                         {True: "yes", False: "no", None: "unknown"}[ok] + f" ({how})",
+                         "needed for every link" if need else
+                         "optional: configs with delay_ms/loss_pct need netem and are refused without it"))
+    for feature, path in (("network namespaces", "/proc/self/ns/net"), ("veth", "/sys/module/veth"),
+                          ("bridge", "/sys/module/bridge")):
+        ok = Path(path).exists() or (feature != "network namespaces" and bool(q.get("htb")))
+        out.append(Check("kernel", feature, ok, "yes" if ok else "not found",
+                         "built in or auto-loaded on first use; a loaded module stays loaded"))
+    missing = machine.missing_cgroup_mounts()
+    out.append(Check("cgroup", "cpu, cpuacct, cpuset (v1)", not missing,
+                     "mounted" if not missing else f"{', '.join(missing)} not mounted under {machine.CGROUP_V1}",
+                     "needed only for host_cpu; one group per limited host, recorded and removed with the network"
+                     + ("" if not missing else f"; fix: mount -t cgroup -o {missing[0]} {missing[0]} "
+                        f"{machine.CGROUP_V1}/{missing[0]}")))
+    state_root = Path(os.environ.get("SCHEDLAB_STATE_DIR", "/run/schedlab"))
+    parent = state_root if state_root.exists() else state_root.parent
+    writable = os.access(parent, os.W_OK)
+    out.append(Check("files", str(state_root), writable, "writable" if writable else "not writable",
+                     "each orchestrator records what it creates in <pid>/, removed at exit or by ./inv clean; "
+                     "network.lock (empty) serialises runs"))
+    out += _sysctl_checks()
+    out.append(_forward_policy())
+    return out
 
 
 def report() -> str:
+    lines = []
+    for c in checks():
+        mark = "ok" if c.ok else "MISSING"
+        lines.append(f"{mark:<8} {c.area:<9} {c.name:<42} {c.state}")
+        lines.append(f"{'':<19}{c.handling}")
     q, how = qdiscs()
-    mark = {True: "yes", False: "NO", None: "?"}
-    lines = [f"qdiscs ({how}):"]
-    lines += [f"  {name:<9} {mark[ok]}" for name, ok in q.items()]
-    lines.append("switches:")
-    lines += [f"  {name:<26} {mark[ok]}" for name, ok in switches().items()]
-    lines.append("cgroup controllers:")
-    cg = cgroup_controllers()
-    lines += [f"  {name:<9} {how}" for name, how in sorted(cg.items())] or ["  none found"]
-    lines.append("tools:")
-    lines += [f"  {name:<9} {mark[ok]}" for name, ok in tools().items()]
-    lines.append(f"tcp congestion control: {' '.join(tcp_congestion_controls()) or '?'} "
-                 f"(machine default {tcp_default_congestion_control() or '?'}; runs set tcp.congestion_control "
-                 f"in every host, cubic unless configured)")
+    lines.append(f"qdiscs ({how}): " + ", ".join(f"{n}={'yes' if ok else 'no' if ok is False else '?'}"
+                                               for n, ok in q.items()))
+    lines.append("switches: " + ", ".join(f"{n}={'yes' if ok else 'no'}" for n, ok in switches().items()))
     lines.append(f"kernel: {os.uname().release}; cpus: {os.cpu_count()}")
-    if not q.get("netem"):
-        lines.append("note: without netem, configs with delay_ms or loss_pct are refused.")
     return "\n".join(lines)

@@ -109,6 +109,13 @@ class Testbed:
         them and never restore them, so it is skipped (`Mininet.inited`)."""
         Mininet.inited = True
         machine.raise_process_limits()
+        if self.host_cpu:
+            missing = machine.missing_cgroup_mounts()
+            if missing:
+                raise NetworkError(f"host_cpu needs the cgroup v1 controller(s) {', '.join(missing)} mounted under "
+                                   f"{machine.CGROUP_V1} (./inv doctor says how); Mininet would mount them and "
+                                   f"never unmount them, so the harness does not")
+            CPULimitedHost.inited = True  # its init() only mounts cpuset, which is mounted
         for limit in machine.RUN_LIMITS:
             have = machine.read_sysctl(limit.key)
             if have is not None and have.isdigit() and int(have) < limit.at_least:

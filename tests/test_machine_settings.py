@@ -55,3 +55,14 @@ def test_unknown_sysctl_is_refused_before_anything_changes(tmp_path, kernel):
     with pytest.raises(OSError, match="not present"):
         state.change_sysctl("net.no.such.key", "1")
     assert state.sysctls() == [] and "net.no.such.key" not in kernel
+
+
+def test_doctor_lists_every_setting_a_run_changes():
+    """Each key a run may change has a doctor line that says it is restored."""
+    from emu.capabilities import checks
+    from emu.machine import ALLOWED_CC, RUN_LIMITS
+
+    lines = {c.name: c for c in checks()}
+    for key in [ALLOWED_CC, *(limit.key for limit in RUN_LIMITS)]:
+        assert key in lines and "restored" in lines[key].handling, key
+    assert {"mnexec", "tc", "iperf3", "cgcreate", "sysctl"} <= set(lines)
