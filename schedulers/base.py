@@ -1,4 +1,4 @@
-"""The worker-side scheduler interface every scheduler implements (DESIGN.md).
+"""The worker-side scheduler interface every scheduler implements (docs/design.md).
 
     start(tensors)        tensors: TensorSpec list; priority 0 = closest to the input
     push(key, grad, it)   non-blocking: the gradient of `key` for iteration `it` is ready
