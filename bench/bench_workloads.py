@@ -1,4 +1,4 @@
-"""What each zoo model costs a worker on this machine, 1 torch thread:
+"""What each zoo model costs a worker on the machine it runs on, 1 torch thread:
 
     .venv/bin/python bench/bench_workloads.py [--presets small,paper] [--models vgg,resnet] [--profile]
 

@@ -8,7 +8,7 @@ Each step does what the real trainer's hooks do, with the profile's times (divid
   order.
 Times are kept as deadlines from the start of the step, so sleep overshoot does not add
 up, and a push that comes late is caught up on by the next ones. Filling a buffer costs a
-memory copy (about 0.1 s for VGG-16's 411 MB fc6 weight here), which is late wherever that
+memory copy (about 0.1 s for VGG-16's 411 MB fc6 weight on the reference machine), which is late wherever that
 is more than the profiled gap divided by `speedup`: `max_late_s` reports the worst.
 
 Memory: one buffer per tensor, reused every iteration (a scheduler is done with a pushed
