@@ -28,14 +28,16 @@ from pathlib import Path
 import networkx as nx
 import pandas as pd
 
+from contracts.role_spec import RoleSpec
+
 PS_FAMILY = {"fifo", "bytescheduler", "p3", "mercury"}
 RING_FAMILY = {"ring", "gloo"}
 
 
 def load_graph(run_dir: Path) -> nx.DiGraph:
     """The capacity graph the run's roles were given (bit/s per directed edge)."""
-    spec = json.loads(next((run_dir / "roles").glob("worker*.json")).read_text())
-    return nx.node_link_graph(spec["topology"], edges="links")
+    spec = RoleSpec.model_validate_json(next((run_dir / "roles").glob("worker*.json")).read_text())
+    return nx.node_link_graph(spec.topology, edges="links")
 
 
 def _add_path(load: dict, g: nx.DiGraph, src: str, dst: str, nbytes: float) -> None:

@@ -23,6 +23,8 @@ from typing import Any, Callable
 import pandas as pd
 import yaml
 
+from contracts.role_spec import Address, RoleSpec
+from contracts.role_spec import role_specs as build_role_specs
 from emu.cleanup import StateDir
 from emu.config import Experiment
 from emu.crosstraffic import CrossTraffic
@@ -78,26 +80,16 @@ def environment() -> dict[str, Any]:
     }
 
 
-def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path) -> list[tuple[str, str, dict]]:
+def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path) -> list[tuple[str, str, RoleSpec]]:
     """(role name, host, spec) for servers then workers."""
-    servers = [{"host": h, "ip": ips[h], "port": SERVER_PORT + i} for i, h in enumerate(exp.roles.servers)]
-    workers = [{"host": h, "ip": ips[h], "port": WORKER_PORT + i} for i, h in enumerate(exp.roles.workers)]
-    common = {
-        "seed": exp.seed,
-        "servers": servers,
-        "workers": workers,
-        "scheduler": {"name": exp.scheduler, "params": exp.scheduler_params},
-        "workload": exp.workload,
-        "topology": graph_to_json(capacity_graph(exp.net)),
-        "out_dir": str(out_dir),
-        "connect_timeout_s": 60.0,  # the run's own timeout_s bounds everything anyway
-        "trace": exp.trace,
-    }
-    out = [(f"server{i}", s["host"], {**common, "role": "server", "rank": i, "iface": f"{s['host']}-eth0"})
-           for i, s in enumerate(servers)]
-    out += [(f"worker{i}", w["host"], {**common, "role": "worker", "rank": i, "iface": f"{w['host']}-eth0"})
-            for i, w in enumerate(workers)]
-    return out
+    specs = build_role_specs(
+        [Address(host=h, ip=ips[h], port=SERVER_PORT + i) for i, h in enumerate(exp.roles.servers)],
+        [Address(host=h, ip=ips[h], port=WORKER_PORT + i) for i, h in enumerate(exp.roles.workers)],
+        seed=exp.seed, scheduler=exp.scheduler, params=exp.scheduler_params, workload=exp.workload,
+        topology=graph_to_json(capacity_graph(exp.net)), out_dir=out_dir,
+        connect_timeout_s=60.0,  # the run's own timeout_s bounds everything anyway
+        trace=exp.trace)
+    return [(s.name, s.address.host, s) for s in specs]
 
 
 def _last_line(path: Path) -> str:
@@ -114,7 +106,7 @@ def _exit_reason(role: str, host: str, rc: int, log_dir: Path) -> str:
     return f"{role} on {host} {how}" + (f": {last}" if last else "")
 
 
-def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, dict]], exp: Experiment, log_dir: Path,
+def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Experiment, log_dir: Path,
                     rec_dir: Path, progress: Callable[[int], None], background=()) -> None:
     deadline = time.monotonic() + exp.timeout_s
     workers_done_at = None
@@ -287,9 +279,8 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
         env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(exp.workload["threads"])}
         for role, host, spec in roles:
             path = spec_dir / f"{role}.json"
-            path.write_text(json.dumps(spec, indent=1))
-            module = "schedulers.server" if spec["role"] == "server" else "workloads.worker"
-            tb.launch(host, role, [sys.executable, "-m", module, str(path)], log_dir, env=env, cwd=REPO)
+            path.write_text(spec.to_json())
+            tb.launch(host, role, [sys.executable, "-m", spec.module, str(path)], log_dir, env=env, cwd=REPO)
         _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross))
         return monitor.t0_wall
     finally:

@@ -39,6 +39,7 @@ from typing import Callable
 
 import numpy as np
 
+from contracts.role_spec import RoleSpec
 from schedulers.base import CommError
 from schedulers.transport import Connection, Header, Kind, Mode, Outbox, abort_all, listen
 
@@ -336,20 +337,19 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m schedulers.server ROLE_SPEC.json", file=sys.stderr)
         return 2
-    spec = json.loads(open(argv[0]).read())
-    me = spec["servers"][spec["rank"]]
+    with open(argv[0]) as f:
+        spec = RoleSpec.model_validate_json(f.read())
     t0 = time.monotonic()
     try:
-        mode = server_mode(spec["scheduler"]["name"])
-        ps = ParameterServer(spec["rank"], len(spec["workers"]), "0.0.0.0", me["port"],
-                             accept_timeout_s=spec.get("connect_timeout_s", 60), mode=mode,
-                             trace=spec.get("trace", False))
+        mode = server_mode(spec.scheduler.name)
+        ps = ParameterServer(spec.rank, len(spec.workers), "0.0.0.0", spec.address.port,
+                             accept_timeout_s=spec.connect_timeout_s, mode=mode, trace=spec.trace)
         ps.serve()
     except CommError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
-    if ps.trace and spec.get("out_dir"):
-        path = os.path.join(spec["out_dir"], f"server{ps.rank}.json")
+    if ps.trace and spec.out_dir:
+        path = os.path.join(spec.out_dir, f"server{ps.rank}.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"events": ps.events}, f)
         os.replace(path + ".tmp", path)

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from contracts.role_spec import Address, role_specs
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
 from schedulers.server import ParameterServer
@@ -95,11 +96,11 @@ def procs():
 
 def server_process(procs, tmp_path, rank: int, ports: list[int], workers: int, name: str,
                    params: dict | None = None) -> subprocess.Popen:
-    spec = {"rank": rank, "servers": [{"host": "lo", "ip": "127.0.0.1", "port": p} for p in ports],
-            "workers": [{"host": "lo", "ip": "127.0.0.1", "port": 0}] * workers,
-            "scheduler": {"name": name, "params": params or {}}, "connect_timeout_s": 20}
+    specs = role_specs([Address(host="lo", ip="127.0.0.1", port=p) for p in ports],
+                       [Address(host="lo", ip="127.0.0.1", port=0)] * workers, seed=0, scheduler=name,
+                       params=params or {}, workload={}, out_dir=tmp_path, connect_timeout_s=20, iface="lo")
     path = tmp_path / f"server{rank}.json"
-    path.write_text(json.dumps(spec))
+    path.write_text(specs[rank].to_json())
     procs.append(subprocess.Popen([sys.executable, "-m", "schedulers.server", str(path)], cwd=REPO,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     return procs[-1]

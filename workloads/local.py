@@ -4,8 +4,8 @@ memory are each role's own).
 
     jobs = run_job({"model": "cnn", "preset": "tiny", "iterations": 3}, workers=2, out_dir=tmp)
 
-Role specs are written exactly as the orchestrator writes them (emu/runner.py), with
-127.0.0.1 and free ports; returns each worker's record (worker<rank>.json).
+Role specs come from the builder the orchestrator uses (contracts/role_spec.py), with
+127.0.0.1, free ports and no capacity graph; returns each worker's record (worker<rank>.json).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from contracts.role_spec import Address, role_specs
 from schedulers import registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,29 +42,19 @@ def run_job(workload: dict, out_dir: Path, workers: int = 1, scheduler: str = "f
     out_dir.mkdir(parents=True, exist_ok=True)
     if servers is None:
         servers = 1 if registry.SCHEDULERS[scheduler].Params.requires_servers else 0
-    ports = free_ports(servers + workers)
-    common = {
-        "seed": seed,
-        "servers": [{"host": "lo", "ip": "127.0.0.1", "port": p} for p in ports[:servers]],
-        "workers": [{"host": "lo", "ip": "127.0.0.1", "port": p} for p in ports[servers:]],
-        "scheduler": {"name": scheduler, "params": params or {}},
-        "workload": workload,
-        "out_dir": str(out_dir),
-        "connect_timeout_s": 30,
-        "iface": "lo",
-    }
-    roles = [("server", r, "schedulers.server") for r in range(servers)]
-    roles += [("worker", r, "workloads.worker") for r in range(workers)]
+    ports = [Address(host="lo", ip="127.0.0.1", port=p) for p in free_ports(servers + workers)]
+    specs = role_specs(ports[:servers], ports[servers:], seed=seed, scheduler=scheduler, params=params or {},
+                       workload=workload, out_dir=out_dir, connect_timeout_s=30, iface="lo")
     env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads),
            "PATH": "/usr/bin:/bin"}
     procs = []
     try:
-        for role, rank, module in roles:
-            spec = out_dir / f"{role}{rank}.spec.json"
-            spec.write_text(json.dumps({**common, "role": role, "rank": rank}))
-            log = open(out_dir / f"{role}{rank}.log", "w")
-            procs.append((f"{role}{rank}", subprocess.Popen([sys.executable, "-m", module, str(spec)], cwd=REPO,
-                                                            env=env, stdout=log, stderr=subprocess.STDOUT)))
+        for spec in specs:
+            path = out_dir / f"{spec.name}.spec.json"
+            path.write_text(spec.to_json())
+            log = open(out_dir / f"{spec.name}.log", "w")
+            procs.append((spec.name, subprocess.Popen([sys.executable, "-m", spec.module, str(path)], cwd=REPO,
+                                                      env=env, stdout=log, stderr=subprocess.STDOUT)))
             log.close()
         deadline = time.monotonic() + timeout_s
         for name, p in procs:

@@ -12,7 +12,8 @@ back, without torch), and writes `<out_dir>/worker<rank>.json`:
     summary     parameter checksum, compute mode, speedup, peak memory, ...
     events      the scheduler's trace (if tracing)
 
-Read top to bottom: this is the whole loop.
+`main` reads top to bottom: this is the whole loop; set-up and the summary are the
+functions above it.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from contracts.role_spec import RoleSpec
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext
 from workloads import profile_file
@@ -42,24 +44,23 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    rank, seed = spec["rank"], spec["seed"]
-    wl = WorkloadConfig.model_validate(spec["workload"])
-    out_dir = Path(spec["out_dir"])
-    ctx = RoleContext(
-        rank=rank,
-        num_workers=len(spec["workers"]),
-        servers=[Endpoint(**s) for s in spec["servers"]],
-        workers=[Endpoint(**w) for w in spec["workers"]],
-        topology=spec.get("topology"),
-        connect_timeout_s=spec.get("connect_timeout_s", 60),
-        iface=spec.get("iface", "lo"),
-        trace=spec.get("trace", False),
+def role_context(spec: RoleSpec) -> RoleContext:
+    """What the scheduler is told about the job, from the role spec."""
+    return RoleContext(
+        rank=spec.rank,
+        num_workers=len(spec.workers),
+        servers=[Endpoint(a.host, a.ip, a.port) for a in spec.servers],
+        workers=[Endpoint(a.host, a.ip, a.port) for a in spec.workers],
+        topology=spec.topology,
+        connect_timeout_s=spec.connect_timeout_s,
+        iface=spec.iface,
+        trace=spec.trace,
     )
-    sched = registry.create(spec["scheduler"]["name"], ctx, spec["scheduler"]["params"])
 
-    data = None
+
+def make_trainer(wl: WorkloadConfig, sched, rank: int, num_workers: int, seed: int):
+    """(trainer, data): a model, its data stream and LayerwiseSGD (`compute: real`), or a
+    profile played back (`compute: replay`, no data, torch never imported)."""
     if wl.compute == "real":
         import torch  # only real mode loads torch: a replay worker stays small
 
@@ -71,12 +72,42 @@ def main(spec_path: str) -> int:
         model = build(wl.model, wl.preset, seed)
         spec_in = input_spec(wl.model, wl.preset)
         data = make(wl.data, spec_in, seed, rank, wl.batch_size, 256 if wl.preset != "paper" else wl.batch_size)
-        trainer = LayerwiseSGD(model, sched, wl.lr, wl.momentum, wl.weight_decay)
-    else:
-        from workloads.replay import Replay
+        return LayerwiseSGD(model, sched, wl.lr, wl.momentum, wl.weight_decay), data
+    from workloads.replay import Replay
 
-        profile = profile_file.load(wl.profile_path)
-        trainer = Replay(profile, sched, rank, ctx.num_workers, wl.speedup)
+    return Replay(profile_file.load(wl.profile_path), sched, rank, num_workers, wl.speedup), None
+
+
+def summarize(wl: WorkloadConfig, rank: int, trainer, sched, data, final_wait_s: float) -> dict:
+    """The worker's summary record: parameter checksum, sizes, memory, mode-specific results."""
+    summary = {
+        "rank": rank,
+        "compute_mode": wl.compute,
+        "speedup": wl.speedup,
+        "checksum": trainer.checksum(),
+        "final_wait_s": final_wait_s,
+        "num_tensors": len(trainer.tensors),
+        "num_params": sum(t.numel for t in trainer.tensors),
+        "num_layers": len(trainer.layer_names),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "scheduler_info": sched.info(),
+    }
+    if wl.compute == "real":
+        import torch
+
+        loss, accuracy = trainer.evaluate(data.eval_batch())
+        summary.update(torch_threads=torch.get_num_threads(), eval_loss=loss, eval_accuracy=accuracy)
+    else:
+        summary.update(profile=str(wl.profile_path), profile_device=trainer.profile.device.name,
+                       aggregate_max_abs_error=trainer.max_abs_error, replay_max_late_s=trainer.max_late_s)
+    return summary
+
+
+def main(spec_path: str) -> int:
+    spec = RoleSpec.model_validate_json(Path(spec_path).read_text())
+    rank, wl, out_dir = spec.rank, WorkloadConfig.model_validate(spec.workload), Path(spec.out_dir)
+    sched = registry.create(spec.scheduler.name, role_context(spec), spec.scheduler.params)
+    trainer, data = make_trainer(wl, sched, rank, len(spec.workers), spec.seed)
 
     records, layers = [], []
     progress = out_dir / f"worker{rank}.progress"
@@ -98,24 +129,7 @@ def main(spec_path: str) -> int:
     final_wait_s = time.perf_counter() - t0
     sched.close()
 
-    summary = {
-        "rank": rank,
-        "compute_mode": wl.compute,
-        "speedup": wl.speedup,
-        "checksum": trainer.checksum(),
-        "final_wait_s": final_wait_s,
-        "num_tensors": len(trainer.tensors),
-        "num_params": sum(t.numel for t in trainer.tensors),
-        "num_layers": len(trainer.layer_names),
-        "peak_rss_bytes": peak_rss_bytes(),
-        "scheduler_info": sched.info(),
-    }
-    if wl.compute == "real":
-        loss, accuracy = trainer.evaluate(data.eval_batch())
-        summary.update(torch_threads=torch.get_num_threads(), eval_loss=loss, eval_accuracy=accuracy)
-    else:
-        summary.update(profile=str(wl.profile_path), profile_device=profile.device.name,
-                       aggregate_max_abs_error=trainer.max_abs_error, replay_max_late_s=trainer.max_late_s)
+    summary = summarize(wl, rank, trainer, sched, data, final_wait_s)
     tmp = out_dir / f".worker{rank}.json.tmp"
     tmp.write_text(json.dumps({"summary": summary, "iterations": records, "layers": layers, "events": sched.events}))
     os.replace(tmp, out_dir / f"worker{rank}.json")

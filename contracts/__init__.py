@@ -1,0 +1,7 @@
+"""Typed contracts that more than one layer relies on: the role spec every role process
+reads.
+
+A leaf package (standard library and pydantic only), so that every layer can import it
+without importing another: a contract that lives here cannot drift between its writer
+and its readers.
+"""
