@@ -25,6 +25,7 @@ import seaborn as sns  # noqa: E402
 from analysis.speedup import METHOD, iteration_times, load_comparison, speedups  # noqa: E402
 from analysis.tables import (NoResults, key_label, load_events, load_iterations, load_links,  # noqa: E402
                              load_runs, swept_keys)
+from contracts.iterations import measured  # noqa: E402
 
 # Fixed colours: a scheduler looks the same in every figure of every report.
 SCHEDULER_ORDER = ["fifo", "bytescheduler", "p3", "mercury", "ring", "gloo", "forest"]
@@ -232,8 +233,9 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
     in priority order (key 0, the input side, at the top). Time 0 is the start of the next
     iteration, whose forward pass needs the aggregates layer by layer, so a bar that ends
     late on a top row is what stalls training; pushes made during the backward pass are at
-    t < 0. Unless `iteration` is given, the iteration shown is the one before the measured
-    iteration whose time is closest to the run's median. Raises Skipped without a trace."""
+    t < 0. Unless `iteration` is given, the iteration shown is the one before the iteration
+    whose time is closest to the median, both measured (contracts/iterations.py). Raises
+    Skipped without a trace."""
     from analysis.tables import add_configurations
 
     _theme()
@@ -250,11 +252,12 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
         its = pd.read_parquet(sweep_dir / run["run_id"] / "iterations.parquet")
         its = its[its["rank"] == rank].set_index("iteration").sort_index()
         dur = its["end"] - its["start"]
-        measured = dur[dur.index > run["workload.warmup"]]
+        # candidates: measured iterations whose predecessor, the one shown, is measured too
+        after = dur[measured(dur.index - 1, run["workload.warmup"], run["workload.iterations"])]
         if iteration is not None:
             it = iteration
-        elif len(measured):
-            it = int((measured - measured.median()).abs().idxmin()) - 1
+        elif len(after):
+            it = int((after - after.median()).abs().idxmin()) - 1
         else:
             it = int(dur.index.max()) - 1
         if it + 1 not in its.index:
@@ -278,7 +281,7 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
         ax.set_yticks(range(0, n_keys, max(1, n_keys // 16)))
         ax.set_ylim(n_keys - 0.5, -0.6)
         ax.set_ylabel("tensor key\n(0 = input side)")
-        median = dur[dur.index >= run["workload.warmup"]].median()
+        median = dur[measured(dur.index, run["workload.warmup"], run["workload.iterations"])].median()
         ax.set_title(f"{run['scheduler']}: gradients of iteration {it} ({len(spans)} chunks); iteration {it + 1} "
                      f"took {dur.loc[it + 1] * 1e3:.0f} ms (run median {median * 1e3:.0f} ms)", fontsize=9, loc="left")
         ax.legend(fontsize=7, loc="lower right")

@@ -14,6 +14,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from contracts.iterations import measured
+
 
 class NoResults(LookupError):
     pass
@@ -57,12 +59,13 @@ def load_runs(sweep_dir: Path, status: str | None = None, run_ids: list[str] | N
 
 
 def load_iterations(sweep_dir: Path, runs: pd.DataFrame, drop_warmup: bool = True) -> pd.DataFrame:
-    """Per-iteration records of `runs`, joined with the run's scheduler and repeat."""
+    """Per-iteration records of `runs`, joined with the run's scheduler and repeat; only
+    the measured iterations (contracts/iterations.py) unless `drop_warmup` is False."""
     frames = []
     for _, run in runs.iterrows():
         df = pd.read_parquet(Path(sweep_dir) / run["run_id"] / "iterations.parquet")
         if drop_warmup:
-            df = df[df["iteration"] >= run["workload.warmup"]]
+            df = df[measured(df["iteration"], run["workload.warmup"], run["workload.iterations"])]
         df = df.assign(scheduler=run["scheduler"], repeat=run["repeat"], worker=df["rank"].map(lambda r: f"w{r}"))
         frames.append(df)
     return pd.concat(frames, ignore_index=True)

@@ -1,5 +1,5 @@
 """Typed contracts that more than one layer relies on: the role spec every role process
-reads.
+reads and which iterations are measured.
 
 A leaf package (standard library and pydantic only), so that every layer can import it
 without importing another: a contract that lives here cannot drift between its writer

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import pandas as pd
 import yaml
 
+from contracts.iterations import measured
 from contracts.role_spec import Address, RoleSpec
 from contracts.role_spec import role_specs as build_role_specs
 from emu.cleanup import StateDir
@@ -150,7 +151,7 @@ def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Ex
 
 
 def summarize(exp: Experiment, iters: pd.DataFrame, summaries: list[dict]) -> dict[str, Any]:
-    warm = iters[iters["iteration"] >= min(exp.workload["warmup"], exp.workload["iterations"] - 1)]
+    warm = iters[measured(iters["iteration"], exp.workload["warmup"], exp.workload["iterations"])]
     t = warm["end"] - warm["start"]
     last = iters[iters["iteration"] == iters["iteration"].max()]
     return {
@@ -229,8 +230,8 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
                         if k in plan})
         # Judge fidelity over the measured iterations (start-up imports saturate the CPU
         # while no gradient moves).
-        measured = iters[iters["iteration"] >= min(exp.workload["warmup"], exp.workload["iterations"] - 1)]
-        row.update(_net_summary(exp, tables, (measured["start"].min() - t0_wall, measured["end"].max() - t0_wall)))
+        warm = iters[measured(iters["iteration"], exp.workload["warmup"], exp.workload["iterations"])]
+        row.update(_net_summary(exp, tables, (warm["start"].min() - t0_wall, warm["end"].max() - t0_wall)))
         row["status"] = "ok"
     except RunFailed as e:
         row.update(status="failed", reason=str(e))

@@ -16,7 +16,7 @@ import yaml
 from analysis import claims, fidelity, plots
 from analysis.report import FIGURES, write_report
 from analysis.speedup import interval, iteration_times, load_speedups, speedups
-from analysis.tables import add_configurations, load_runs
+from analysis.tables import add_configurations, load_iterations, load_runs
 from tests.conftest import REPO, invoke
 
 MINI = REPO / "tests" / "data" / "results" / "mini"
@@ -171,6 +171,18 @@ def test_fidelity_summary_counts_runs_by_reason():
     assert counts[fidelity.CATEGORIES[0][1]] == 2 and counts[fidelity.CATEGORIES[1][1]] == 1
     assert counts["something new at # s"] == 1
     assert list(s["not_completed"]["run_id"]) == ["e"]
+
+
+def test_measured_iterations_keep_the_last_when_warmup_covers_the_run(tmp_path):
+    """load_iterations keeps what the run's row summarised: iterations >= min(warmup, iterations - 1)."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    pd.DataFrame({"rank": 0, "iteration": range(4), "start": range(4), "end": np.arange(4) + 0.5}).to_parquet(
+        run_dir / "iterations.parquet")
+    runs = pd.DataFrame({"run_id": ["r"], "scheduler": "fifo", "repeat": 0, "workload.iterations": 4})
+    for warmup, kept in ((0, [0, 1, 2, 3]), (2, [2, 3]), (4, [3]), (9, [3])):
+        its = load_iterations(tmp_path, runs.assign(**{"workload.warmup": warmup}))
+        assert its["iteration"].tolist() == kept, warmup
 
 
 def write_sweep(root: Path) -> Path:

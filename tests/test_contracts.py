@@ -1,14 +1,17 @@
-"""The shared contracts: role specs read old run directories and are written as before, and
-contracts/ stays a leaf package."""
+"""The shared contracts: role specs read old run directories and are written as before, one
+rule for the measured iterations, and contracts/ stays a leaf package."""
 from __future__ import annotations
 
 import ast
 import sys
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from pydantic import ValidationError
 
+from contracts.iterations import first_measured, measured
 from contracts.role_spec import Address, RoleSpec, role_specs
 from tests.conftest import REPO
 
@@ -59,6 +62,17 @@ def test_a_spec_that_names_no_such_role_or_field_is_refused():
         RoleSpec.model_validate({**data, "rank": 5})
     with pytest.raises(ValidationError, match="extra"):
         RoleSpec.model_validate({**data, "worker_port": 1})
+
+
+@pytest.mark.parametrize("warmup,iterations,first", [(2, 12, 2), (0, 5, 0), (11, 12, 11), (12, 12, 11),
+                                                     (40, 3, 2), (3, 1, 0)])
+def test_warmup_is_left_out_but_the_last_iteration_always_measured(warmup, iterations, first):
+    assert first_measured(warmup, iterations) == first
+    its = np.arange(iterations)
+    assert list(its[measured(its, warmup, iterations)]) == list(range(first, iterations))
+    s = pd.Series(its)
+    assert s[measured(s, warmup, iterations)].tolist() == list(range(first, iterations))
+    assert measured(iterations - 1, warmup, iterations) is True
 
 
 def test_contracts_import_only_the_standard_library_and_pydantic():
