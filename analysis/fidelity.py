@@ -1,9 +1,10 @@
 """Fidelity verdicts of a sweep, summarised: how many completed runs the emulation can be
 trusted for, and why the others cannot.
 
-Each run's row carries `fidelity_ok` and `fidelity_reasons` ("; "-separated sentences with
-numbers and link names in them). Counting the sentences as they are would give one line
-per run, so each is put in a category by what it says.
+Each run's row carries `fidelity_ok`, `fidelity_reasons` ("; "-separated sentences with
+numbers and link names in them) and `fidelity_codes` (one reason code per sentence,
+contracts/fidelity.py). Failures are counted by code, so each reason is one line however
+its numbers differ from run to run; a sentence serves as the example.
 """
 from __future__ import annotations
 
@@ -11,37 +12,55 @@ import re
 
 import pandas as pd
 
-CATEGORIES = [  # (pattern, category): the first that matches wins
-    (r"CPU idle fell", "CPU saturated: idle time fell below the threshold, so compute and "
-                       "protocol processing competed for cores"),
-    (r"above its configured rate", "a link sent faster than its configured rate (shaping leaked)"),
-    (r"had queued work but reached only|backlogged but reached only",  # the second: older rows
-     "a link with queued work delivered less than its configured rate"),
+from contracts.fidelity import COLUMN as CODES_COLUMN
+from contracts.fidelity import Reason, decode
+
+CATEGORIES = {
+    Reason.CPU_IDLE.value: "CPU saturated: idle time fell below the threshold, so compute and protocol "
+                           "processing competed for cores",
+    Reason.RATE_EXCESS.value: "a link sent faster than its configured rate (shaping leaked)",
+    Reason.SATURATION.value: "a link with queued work delivered less than its configured rate",
+}
+
+# Rows written before the verdict had codes: each code's sentence, as emu/fidelity.py worded it.
+LEGACY_SENTENCES = [
+    (r"CPU idle fell", Reason.CPU_IDLE.value),
+    (r"above its configured rate", Reason.RATE_EXCESS.value),
+    (r"had queued work but reached only|backlogged but reached only", Reason.SATURATION.value),
 ]
 
 
-def categorise(reason: str) -> str:
-    for pattern, category in CATEGORIES:
-        if re.search(pattern, reason):
-            return category
-    return re.sub(r"\d+(\.\d+)?", "#", reason)  # an unknown sentence, its numbers masked
+def findings(run: pd.Series) -> list[tuple[str | None, str]]:
+    """(code, sentence) per failed check of one run's row. A row without codes (written
+    before they existed) gets them from its sentences; None where none matches."""
+    sentences = [s for s in str(run.get("fidelity_reasons") or "").split("; ") if s]
+    cell = run.get(CODES_COLUMN)
+    if isinstance(cell, str):
+        return list(zip(decode(cell), sentences))
+    return [(next((code for pattern, code in LEGACY_SENTENCES if re.search(pattern, s)), None), s)
+            for s in sentences]
+
+
+def category(code: str | None, sentence: str) -> str:
+    """The line a failure is counted under: its code's description; an unknown sentence
+    with its numbers masked."""
+    if code is None:
+        return re.sub(r"\d+(\.\d+)?", "#", sentence)
+    return CATEGORIES.get(code, code)
 
 
 def summary(runs: pd.DataFrame) -> dict:
     """Counts of runs by status and verdict, plus one row per failure category (runs
-    affected, and the worst-sounding example) and the runs that did not complete."""
+    affected, and the first run's sentence as an example) and the runs that did not complete."""
     ok = runs[runs["status"] == "ok"]
     verdict = ok["fidelity_ok"] if "fidelity_ok" in ok else pd.Series(None, index=ok.index, dtype=object)
     judged = verdict.notna()
     rows: dict[str, dict] = {}
-    if "fidelity_reasons" in ok:
-        for _, run in ok[judged & (verdict == False)].iterrows():  # noqa: E712 - pandas bools
-            for sentence in str(run["fidelity_reasons"] or "").split("; "):
-                if not sentence:
-                    continue
-                cat = categorise(sentence)
-                r = rows.setdefault(cat, {"category": cat, "runs": set(), "example": sentence})
-                r["runs"].add(run["run_id"])
+    for _, run in ok[judged & (verdict == False)].iterrows():  # noqa: E712 - pandas bools
+        for code, sentence in findings(run):
+            cat = category(code, sentence)
+            r = rows.setdefault(cat, {"category": cat, "runs": set(), "example": sentence})
+            r["runs"].add(run["run_id"])
     reasons = pd.DataFrame([{**r, "runs": len(r["runs"])} for r in rows.values()],
                            columns=["category", "runs", "example"])
     not_ok = runs[runs["status"] != "ok"]

@@ -1,5 +1,5 @@
 """Typed contracts that more than one layer relies on: the role spec every role process
-reads and which iterations are measured.
+reads, which iterations are measured, and the codes of the fidelity verdict.
 
 A leaf package (standard library and pydantic only), so that every layer can import it
 without importing another: a contract that lives here cannot drift between its writer

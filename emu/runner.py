@@ -301,7 +301,7 @@ def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple
     def cut(df: pd.DataFrame) -> pd.DataFrame:
         return df if window is None or not len(df) else df[(df["t"] >= window[0]) & (df["t"] <= window[1])]
 
-    out = verdict(cut(tables["links"]), cut(tables["qdiscs"]), cut(tables["cpu"]), exp.fidelity)
+    out = verdict(cut(tables["links"]), cut(tables["qdiscs"]), cut(tables["cpu"]), exp.fidelity).row()
     sh = tables["shaping"]
     out["shaping_changes"] = len(sh)
     out["shaping_lag_max_s"] = float((sh["actual_t"] - sh["planned_t"]).max()) if len(sh) else None

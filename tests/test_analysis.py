@@ -165,12 +165,28 @@ def test_fidelity_summary_counts_runs_by_reason():
         "fidelity_reasons": ["", "CPU idle fell to 0% (< 35%) in a 1 s window",
                              "CPU idle fell to 12% (< 35%) in a 1 s window; w1->s1 at t=3.0 s ran 9% above its "
                              "configured rate (> 5%)", "something new at 3.5 s", ""]})
-    s = fidelity.summary(runs)
+    s = fidelity.summary(runs)  # rows without fidelity_codes: codes from the sentences
     assert (s["runs"], s["completed"], s["passed"], s["failed"]) == (5, 4, 1, 3)
     counts = dict(zip(s["reasons"]["category"], s["reasons"]["runs"]))
-    assert counts[fidelity.CATEGORIES[0][1]] == 2 and counts[fidelity.CATEGORIES[1][1]] == 1
-    assert counts["something new at # s"] == 1
+    cpu, rate = fidelity.CATEGORIES["cpu_idle"], fidelity.CATEGORIES["rate_excess"]
+    assert counts == {cpu: 2, rate: 1, "something new at # s": 1}
     assert list(s["not_completed"]["run_id"]) == ["e"]
+    # rows with codes are counted by code, whatever the sentence says; old and new rows mix
+    coded = runs.assign(fidelity_codes=[None, None, '["saturation", "rate_excess"]', '["cpu_idle"]', None],
+                        fidelity_reasons=[r.replace("CPU idle fell", "idle dipped") for r in runs["fidelity_reasons"]])
+    counts = dict(zip(*(fidelity.summary(coded)["reasons"][c] for c in ("category", "runs"))))
+    assert counts == {"idle dipped to #% (< #%) in a # s window": 1, fidelity.CATEGORIES["saturation"]: 1,
+                      rate: 1, cpu: 1}
+
+
+def test_every_reason_code_has_a_category_and_the_mini_set_reads_without_codes():
+    from contracts.fidelity import Reason
+
+    assert set(fidelity.CATEGORIES) == {r.value for r in Reason}
+    runs = pd.read_parquet(MINI / "runs.parquet")
+    assert "fidelity_codes" not in runs  # the committed set predates the codes
+    s = fidelity.summary(runs)
+    assert s["failed"] == len(runs) and list(s["reasons"]["category"]) == [fidelity.CATEGORIES["cpu_idle"]]
 
 
 def test_measured_iterations_keep_the_last_when_warmup_covers_the_run(tmp_path):

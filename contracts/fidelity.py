@@ -1,0 +1,27 @@
+"""The reason codes of the fidelity verdict: what emu/fidelity.py writes into a run's row
+(`fidelity_codes`) and analysis counts, so the two share names rather than sentences.
+
+A row's `fidelity_codes` is JSON text of a list (as every list cell of a row is), one code
+per failed check, in the order of the "; "-separated sentences of `fidelity_reasons`.
+"""
+from __future__ import annotations
+
+import json
+from enum import Enum
+
+COLUMN = "fidelity_codes"
+
+
+class Reason(str, Enum):
+    CPU_IDLE = "cpu_idle"  # the machine's CPU idle fell below cpu_idle_min in a window
+    RATE_EXCESS = "rate_excess"  # a link sent faster than configured (shaping leaked)
+    SATURATION = "saturation"  # a link proven busy delivered less than saturated_min of its rate
+
+
+def encode(codes: list[Reason]) -> str:
+    return json.dumps([Reason(c).value for c in codes])
+
+
+def decode(cell: str) -> list[str]:
+    """The codes of one row's cell (unknown codes are kept as text, for newer rows)."""
+    return [str(c) for c in json.loads(cell)]
