@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the harness needs on a Debian/Ubuntu machine:
 # system packages (Mininet, iperf3, tc, bridge tools) and a virtual environment with
-# the pinned Python dependencies. Each step is skipped when already satisfied, so a
+# the locked Python dependencies. Each step is skipped when already satisfied, so a
 # second run costs well under a second.
+#
+# requirements.txt is the lock file: every package pinned, compiled by pip-tools from the
+# direct dependencies in pyproject.toml (its header has the command; run it again after
+# changing pyproject.toml). SCHEDLAB_VENV=DIR sets the environment up in DIR instead of
+# .venv, e.g. to try a new lock without touching the environment in use.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-venv="$root/.venv"
-req="$root/requirements.txt"
+venv="${SCHEDLAB_VENV:-$root/.venv}"
+lock="$root/requirements.txt"
 
 # Commands the harness calls -> the Debian package that provides each.
 declare -A need=(
@@ -34,12 +39,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   rm -f "$log"
 fi
 
+# The stamp is the lock's hash: a changed lock (a pull, a re-compile) installs again.
 stamp="$venv/.requirements.sha256"
-want=$(sha256sum "$req" | cut -d' ' -f1)
+want=$(sha256sum "$lock" | cut -d' ' -f1)
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: preparing the Python environment in .venv (first run: about a minute)" >&2
+  echo "setup: installing requirements.txt into $venv (about a minute the first time)" >&2
   # System site-packages: Debian's mininet library lives there.
   [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check ${PIP_EXTRA_ARGS:-} -r "$req" >&2
+  # PIP_EXTRA_ARGS: e.g. the index that serves torch's CPU build (see the Vagrantfile).
+  # shellcheck disable=SC2086
+  if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check ${PIP_EXTRA_ARGS:-} -r "$lock" >&2; then
+    echo "setup: pip could not install requirements.txt (output above). If it is torch: the lock has its" \
+         "CPU build ($(grep -m1 '^torch==' "$lock")), which PyPI does not serve; pass an index that does" \
+         "in PIP_EXTRA_ARGS, as the Vagrantfile does" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
