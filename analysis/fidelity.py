@@ -36,7 +36,7 @@ def findings(run: pd.Series) -> list[tuple[str | None, str]]:
     sentences = [s for s in str(run.get("fidelity_reasons") or "").split("; ") if s]
     cell = run.get(CODES_COLUMN)
     if isinstance(cell, str):
-        return list(zip(decode(cell), sentences))
+        return list(zip(decode(cell), sentences, strict=False))  # emu writes them aligned
     return [(next((code for pattern, code in LEGACY_SENTENCES if re.search(pattern, s)), None), s)
             for s in sentences]
 

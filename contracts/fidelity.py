@@ -7,12 +7,12 @@ per failed check, in the order of the "; "-separated sentences of `fidelity_reas
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 
 COLUMN = "fidelity_codes"
 
 
-class Reason(str, Enum):
+class Reason(StrEnum):
     CPU_IDLE = "cpu_idle"  # the machine's CPU idle fell below cpu_idle_min in a window
     RATE_EXCESS = "rate_excess"  # a link sent faster than configured (shaping leaked)
     SATURATION = "saturation"  # a link proven busy delivered less than saturated_min of its rate

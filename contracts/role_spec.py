@@ -12,8 +12,9 @@ and their `roles/*.json` still read.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,7 +58,7 @@ class RoleSpec(BaseModel):
     iface: str = "lo"  # the role's interface (gloo must be told)
 
     @model_validator(mode="after")
-    def _rank_names_a_peer(self) -> "RoleSpec":
+    def _rank_names_a_peer(self) -> RoleSpec:
         peers = self.servers if self.role == "server" else self.workers
         if self.rank >= len(peers):
             raise ValueError(f"rank {self.rank}: the spec lists only {len(peers)} {self.role}s")

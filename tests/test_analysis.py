@@ -167,14 +167,14 @@ def test_fidelity_summary_counts_runs_by_reason():
                              "configured rate (> 5%)", "something new at 3.5 s", ""]})
     s = fidelity.summary(runs)  # rows without fidelity_codes: codes from the sentences
     assert (s["runs"], s["completed"], s["passed"], s["failed"]) == (5, 4, 1, 3)
-    counts = dict(zip(s["reasons"]["category"], s["reasons"]["runs"]))
+    counts = dict(zip(s["reasons"]["category"], s["reasons"]["runs"], strict=True))
     cpu, rate = fidelity.CATEGORIES["cpu_idle"], fidelity.CATEGORIES["rate_excess"]
     assert counts == {cpu: 2, rate: 1, "something new at # s": 1}
     assert list(s["not_completed"]["run_id"]) == ["e"]
     # rows with codes are counted by code, whatever the sentence says; old and new rows mix
     coded = runs.assign(fidelity_codes=[None, None, '["saturation", "rate_excess"]', '["cpu_idle"]', None],
                         fidelity_reasons=[r.replace("CPU idle fell", "idle dipped") for r in runs["fidelity_reasons"]])
-    counts = dict(zip(*(fidelity.summary(coded)["reasons"][c] for c in ("category", "runs"))))
+    counts = dict(zip(*(fidelity.summary(coded)["reasons"][c] for c in ("category", "runs")), strict=True))
     assert counts == {"idle dipped to #% (< #%) in a # s window": 1, fidelity.CATEGORIES["saturation"]: 1,
                       rate: 1, cpu: 1}
 
