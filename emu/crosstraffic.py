@@ -16,18 +16,18 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from emu.topospec import NodeName
+from emu.topospec import MAX_MBPS, NodeName
 
 BASE_PORT = 5201
 
 
 class Flow(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     src: NodeName
     dst: NodeName
     protocol: Literal["tcp", "udp"] = "tcp"
-    rate_mbps: float | None = Field(default=None, gt=0, description="cap; UDP needs one")
+    rate_mbps: float | None = Field(default=None, gt=0, le=MAX_MBPS, description="cap; UDP needs one")
     start_s: float = Field(default=0, ge=0)
     stop_s: float | None = Field(default=None, gt=0)
     parallel: int = Field(default=1, ge=1, le=32)
@@ -85,7 +85,7 @@ class CrossTraffic:
             for i, f in sorted(enumerate(self.flows), key=lambda x: x[1].start_s):
                 if self._stop.wait(max(0.0, self.t0 + f.start_s - time.monotonic())):
                     return
-                end = f.stop_s if f.stop_s is not None else self.horizon_s
+                end = min(f.stop_s, self.horizon_s) if f.stop_s is not None else self.horizon_s
                 self.launch(f.src, f"xflow{i}", client_argv(f, self.ip(f.dst), BASE_PORT + i, end - f.start_s))
                 self.started.append(i)
         except BaseException as e:  # noqa: BLE001

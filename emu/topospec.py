@@ -16,18 +16,31 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, Union
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The testbed shapes with tc itself, so links up to 100 Gb/s can be configured.
+MAX_MBPS = 100_000
+# Each host is a Mininet shell in its own network namespace (64 took 2.3 s to bring up on 2
+# cores); 1,024 is racks' own maximum (16 racks of 64).
+MAX_HOSTS = 1024
+MAX_GRAPH_NODES = 2 * MAX_HOSTS
+# Linux interface names hold 15 characters (IFNAMSIZ 16 with the NUL); Mininet names a node's
+# interfaces <node>-eth<port>, a switch's ports counting from 1.
+IFNAMSIZ = 15
+# tc's bfifo limit (queue_ms of the link's rate, in bytes) is a 32-bit count.
+MAX_QUEUE_BYTES = 2 ** 32 - 1
+
 NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9]{0,9}$")]
-Mbps = Annotated[float, Field(gt=0, le=100_000)]
+Mbps = Annotated[float, Field(gt=0, le=MAX_MBPS)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 DEFAULT_QUEUE_MS = 20.0
@@ -42,13 +55,14 @@ class LinkOptions(_Strict):
     (0.9 s) on a 106 Mb/s link, and bytescheduler's request/response rounds behind it took
     24 s per iteration."""
 
-    delay_ms: float | None = Field(default=None, ge=0)
+    delay_ms: float | None = Field(default=None, ge=0, le=60_000, description="at most a minute")
     loss_pct: float | None = Field(default=None, ge=0, le=100)
     queue_ms: float = Field(default=DEFAULT_QUEUE_MS, gt=0,
                             description="drop-tail queue of each direction, in ms of its configured rate "
                                         "(at least 64 KB; a rate change keeps the bytes)")
-    queue_pkts: int | None = Field(default=None, gt=0,
-                                   description="a queue of this many packets instead (pfifo; netem's limit with delay/loss)")
+    queue_pkts: int | None = Field(default=None, gt=0, le=2 ** 32 - 1,
+                                   description="a queue of this many packets instead (pfifo; netem's limit "
+                                               "with delay/loss)")
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,29 @@ class NetSpec:
 
     def needs_netem(self) -> list[int]:
         return [i for i, ln in enumerate(self.links) if ln.delay_ms or ln.loss_pct]
+
+
+def _kernel_limits(net: NetSpec, node_field: Callable[[str], str], queue_field: Callable[[int], str]) -> NetSpec:
+    """Refuse what the kernel would refuse at bring-up: an interface name longer than
+    IFNAMSIZ, a bfifo limit beyond 32 bits. `*_field` name the config field to blame."""
+    degree: dict[str, int] = {}
+    for ln in net.links:
+        for end in (ln.a, ln.b):
+            degree[end] = degree.get(end, 0) + 1
+    switches = set(net.switches)
+    for node, n in degree.items():
+        name = f"{node}-eth{n if node in switches else n - 1}"
+        if len(name) > IFNAMSIZ:
+            raise ValueError(f"{node_field(node)}: Mininet would name an interface {name!r}, longer than the "
+                             f"{IFNAMSIZ} characters Linux allows; use a shorter name than {node!r}")
+    for i, ln in enumerate(net.links):
+        if ln.queue_pkts is None and not (ln.delay_ms or ln.loss_pct):
+            for mbps in (ln.ab_mbps, ln.ba_mbps):
+                limit = mbps * 1e6 / 8 * ln.queue_ms / 1e3
+                if limit > MAX_QUEUE_BYTES:
+                    raise ValueError(f"{queue_field(i)}: {ln.queue_ms:g} ms of {mbps:g} Mb/s is {limit:.0f} bytes; "
+                                     f"tc's queue limit is at most {MAX_QUEUE_BYTES}")
+    return net
 
 
 # ---------------------------------------------------------------------------- star
@@ -139,11 +176,12 @@ class StarHost(_Strict):
 class StarTopology(LinkOptions):
     kind: Literal["star"]
     switch: NodeName = "s1"
-    hosts: list[StarHost] | None = None
+    hosts: list[StarHost] | None = Field(default=None, max_length=MAX_HOSTS)
     count: int | None = Field(default=None, ge=2, le=256, description="generate hosts h0..h{count-1}")
     bw_mbps: Mbps | None = Field(default=None, description="rate of generated hosts")
     heterogeneity: Heterogeneity | None = None
-    keep: list[NodeName] = Field(default_factory=list, description="hosts the generator leaves alone")
+    keep: list[NodeName] = Field(default_factory=list, max_length=MAX_HOSTS,
+                                 description="hosts the generator leaves alone")
 
     @model_validator(mode="after")
     def _hosts(self) -> "StarTopology":
@@ -172,8 +210,10 @@ class StarTopology(LinkOptions):
         hosts = self.host_list()
         opts = dict(delay_ms=self.delay_ms, loss_pct=self.loss_pct, queue_pkts=self.queue_pkts,
                     queue_ms=self.queue_ms)
-        return NetSpec(hosts=[h.name for h in hosts], switches=[self.switch],
-                       links=[LinkSpec(h.name, self.switch, h.up, h.down, **opts) for h in hosts])
+        net = NetSpec(hosts=[h.name for h in hosts], switches=[self.switch],
+                      links=[LinkSpec(h.name, self.switch, h.up, h.down, **opts) for h in hosts])
+        return _kernel_limits(net, lambda node: "switch" if node == self.switch else "hosts",
+                              lambda i: "queue_ms")
 
 
 def _apply_heterogeneity(hosts: list[StarHost], het, keep: set[str]) -> list[StarHost]:
@@ -199,7 +239,7 @@ def _apply_heterogeneity(hosts: list[StarHost], het, keep: set[str]) -> list[Sta
 
 
 def _clip(mbps: float) -> float:
-    return round(min(max(mbps, 0.01), 100_000), 3)
+    return round(min(max(mbps, 0.01), MAX_MBPS), 3)
 
 
 # ---------------------------------------------------------------------------- racks
@@ -227,7 +267,8 @@ class RacksTopology(LinkOptions):
             if self.racks > 1:
                 links.append(LinkSpec(tor, "s0", uplink, uplink, **opts))
         switches = [f"s{r + 1}" for r in range(self.racks)] + (["s0"] if self.racks > 1 else [])
-        return NetSpec(hosts=hosts, switches=switches, links=links)
+        return _kernel_limits(NetSpec(hosts=hosts, switches=switches, links=links), lambda node: "racks",
+                              lambda i: "queue_ms")
 
 
 # ---------------------------------------------------------------------------- graph
@@ -253,8 +294,8 @@ class GraphLink(LinkOptions):
 
 class GraphTopology(_Strict):
     kind: Literal["graph"]
-    nodes: list[GraphNode] = Field(min_length=2)
-    links: list[GraphLink] = Field(min_length=1)
+    nodes: list[GraphNode] = Field(min_length=2, max_length=MAX_GRAPH_NODES)
+    links: list[GraphLink] = Field(min_length=1, max_length=MAX_GRAPH_NODES)
 
     @model_validator(mode="after")
     def _valid(self) -> "GraphTopology":
@@ -301,8 +342,10 @@ class GraphTopology(_Strict):
             ab = ln.ab_mbps if ln.ab_mbps is not None else ln.bw_mbps
             ba = ln.ba_mbps if ln.ba_mbps is not None else ln.bw_mbps
             links.append(LinkSpec(ln.a, ln.b, ab, ba, ln.delay_ms, ln.loss_pct, ln.queue_pkts, ln.queue_ms))
-        return NetSpec(hosts=[n.name for n in self.nodes if n.kind == "host"],
-                       switches=[n.name for n in self.nodes if n.kind == "switch"], links=links)
+        net = NetSpec(hosts=[n.name for n in self.nodes if n.kind == "host"],
+                      switches=[n.name for n in self.nodes if n.kind == "switch"], links=links)
+        index = {n.name: i for i, n in enumerate(self.nodes)}
+        return _kernel_limits(net, lambda node: f"nodes[{index[node]}].name", lambda i: f"links[{i}].queue_ms")
 
 
 Topology = Annotated[Union[StarTopology, RacksTopology, GraphTopology], Field(discriminator="kind")]
