@@ -12,30 +12,53 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import re
 import itertools
 import json
+import math
+import platform
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
-import platform
-
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from emu import capabilities
+from emu import capabilities, yaml_input
 from emu.crosstraffic import Flow
-from emu.shaping import LinkShaping
-from emu.topospec import TOPOLOGY_KINDS, NetSpec, Topology
+from emu.shaping import MAX_RATE_CHANGES, LinkShaping
+from emu.topospec import MAX_GRAPH_NODES, TOPOLOGY_KINDS, NetSpec, Topology
+from emu.yaml_input import MAX_DEPTH, MAX_FILE_BYTES, InputError, YamlSyntaxError
+
+# Every experiment of a plan is validated and held before the first run starts (a shard
+# too); at tens of seconds a run, 10,000 runs are days of one machine.
+MAX_RUNS = 10_000
+# All experiments of a plan together, in config values plus ten per host and link of each
+# experiment's network (a host or link costs about ten values to validate): about a second.
+MAX_PLAN_SIZE = 2_000_000
+# A run holds the machine's one emulated network; a week is beyond any experiment here.
+MAX_TIMEOUT_S = 7 * 24 * 3600
+# Each flow is an iperf3 server and client with its own port from 5201.
+MAX_FLOWS = 256
+# What the user sees is one line: longer messages (a huge value quoted back) are cut.
+MAX_MESSAGE_CHARS = 400
+
+
+def _one_line(text: str) -> str:
+    text = text[:4 * MAX_MESSAGE_CHARS]
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS - 3] + "..."
 
 
 class ConfigError(ValueError):
     """A bad config or argument; its text is the whole one-line message for the user."""
 
+    def __init__(self, message: object = ""):
+        super().__init__(_one_line(str(message)))
+
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Roles(Strict):
@@ -47,15 +70,25 @@ class Roles(Strict):
     def _no_repeats(cls, names):
         if isinstance(names, str):
             return names
+        seen: set[str] = set()
         for i, n in enumerate(names):
-            if n in names[:i]:
+            if n in seen:
                 raise ValueError(f"[{i}]: host {n!r} is listed twice")
+            seen.add(n)
+        return names
+
+    @field_validator("workers")
+    @classmethod
+    def _some_workers(cls, names):
+        if not names:
+            raise ValueError('must name at least one host (or be "rest": every host not a server)')
         return names
 
 
 class MonitorConfig(Strict):
-    interval_s: float = Field(default=0.1, gt=0, le=0.1, description="link counters and CPU: 10 Hz or better")
-    qdisc_interval_s: float = Field(default=0.1, gt=0, le=10,
+    interval_s: float = Field(default=0.1, ge=0.001, le=0.1,
+                              description="link counters and CPU: 10 Hz or better")
+    qdisc_interval_s: float = Field(default=0.1, ge=0.001, le=10,
                                     description="qdisc backlog/drops; costs one tc call per host each time")
 
 
@@ -82,7 +115,8 @@ class TcpConfig(Strict):
 class FidelityConfig(Strict):
     """Thresholds of the per-run fidelity verdict (after Handigol et al., CoNEXT 2012)."""
 
-    window_s: float = Field(default=1.0, gt=0)
+    window_s: float = Field(default=1.0, ge=0.1, le=MAX_TIMEOUT_S,
+                            description="a window holds samples at 10 Hz")
     cpu_idle_min: float = Field(default=0.35, ge=0, le=1, description="machine CPU idle, every window")
     rate_tolerance: float = Field(default=0.05, ge=0, description="realized rate <= configured x (1 + this)")
     saturated_min: float = Field(default=0.9, ge=0, le=1, description="a link with proven queued work reaches this x rate")
@@ -92,12 +126,13 @@ class Experiment(Strict):
     """One fully resolved experiment: what `run_id` hashes."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    seed: int = Field(default=0, ge=0)
-    timeout_s: float = Field(default=600, gt=0, description="wall-clock limit of one run")
+    seed: int = Field(default=0, ge=0, le=2 ** 32 - 1,
+                      description="torch gets seed x 1000 + stream, which must fit in 64 bits")
+    timeout_s: float = Field(default=600, ge=1, le=MAX_TIMEOUT_S, description="wall-clock limit of one run")
     trace: bool = Field(default=False, description="record scheduler events into events.parquet")
     topology: Topology
-    shaping: list[LinkShaping] = Field(default_factory=list)
-    cross_traffic: list[Flow] = Field(default_factory=list)
+    shaping: list[LinkShaping] = Field(default_factory=list, max_length=2 * MAX_GRAPH_NODES)
+    cross_traffic: list[Flow] = Field(default_factory=list, max_length=MAX_FLOWS)
     host_cpu: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
         default_factory=dict, description="host -> share of the machine's CPU (CFS bandwidth cgroup)")
     monitor: MonitorConfig = MonitorConfig()
@@ -132,13 +167,31 @@ class Experiment(Strict):
                 raise ConfigError(f"host_cpu.{h}: {h!r} is not a host of the topology")
         if self.host_cpu and "cpu" not in capabilities.cgroup_controllers():
             raise ConfigError("host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here")
+        directions = {d for ln in net.links for d in ((ln.a, ln.b), (ln.b, ln.a))}
+        shaped: dict[tuple[str, str], int] = {}
+        changes = 0.0
         for i, s in enumerate(self.shaping):
-            if net.rate(*s.link) is None:
+            link = tuple(s.link)
+            if link not in directions:
                 raise ConfigError(f"shaping[{i}].link: no link {s.link[0]} -> {s.link[1]} in the topology")
+            if link in shaped:
+                raise ConfigError(f"shaping[{i}].link: {s.link[0]} -> {s.link[1]} already has a schedule "
+                                  f"(shaping[{shaped[link]}])")
+            shaped[link] = i
+            n = s.schedule.changes(self.timeout_s)
+            changes += n
+            if changes > MAX_RATE_CHANGES:
+                what = f"shaping[{i}].schedule" if n > MAX_RATE_CHANGES else "shaping"
+                raise ConfigError(f"{what}: {min(changes, 1e18):.0f} rate changes within timeout_s "
+                                  f"({self.timeout_s:g} s); at most {MAX_RATE_CHANGES}, each one a tc call "
+                                  f"(lengthen the period or window, or shorten timeout_s)")
         for i, f in enumerate(self.cross_traffic):
             for end in ("src", "dst"):
                 if getattr(f, end) not in hosts:
                     raise ConfigError(f"cross_traffic[{i}].{end}: {getattr(f, end)!r} is not a host of the topology")
+            if f.start_s >= self.timeout_s:
+                raise ConfigError(f"cross_traffic[{i}].start_s: {f.start_s:g} s is not before the run's timeout_s "
+                                  f"({self.timeout_s:g} s); the flow would never start")
         netem = net.needs_netem()
         if netem and not capabilities.has_qdisc("netem"):
             ln = net.links[netem[0]]
@@ -204,26 +257,40 @@ def _num(x: Any) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
+def _r(x: Any) -> str:
+    """repr of a value the user gave, short enough for one line (it may be a 1 MB string)."""
+    if isinstance(x, str) and len(x) > 60:
+        return repr(x[:57]) + "..."
+    if isinstance(x, (list, dict)) and len(x) > 8:
+        return f"a {type(x).__name__} of {len(x)} items"
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 _MESSAGES = {
     "extra_forbidden": lambda e: "unknown key",
     "missing": lambda e: "required field is missing",
     "greater_than": lambda e: f"must be > {_num(e['ctx']['gt'])}",
     "greater_than_equal": lambda e: f"must be >= {_num(e['ctx']['ge'])}",
+    "less_than": lambda e: f"must be < {_num(e['ctx']['lt'])}",
     "less_than_equal": lambda e: f"must be <= {_num(e['ctx']['le'])}",
     "too_short": lambda e: f"must have at least {e['ctx']['min_length']} item(s)",
-    "int_type": lambda e: f"must be an integer, got {e['input']!r}",
-    "int_parsing": lambda e: f"must be an integer, got {e['input']!r}",
-    "int_from_float": lambda e: f"must be an integer, got {e['input']!r}",
-    "float_type": lambda e: f"must be a number, got {e['input']!r}",
-    "float_parsing": lambda e: f"must be a number, got {e['input']!r}",
-    "string_type": lambda e: f"must be a string, got {e['input']!r}",
-    "list_type": lambda e: f"must be a list, got {e['input']!r}",
-    "dict_type": lambda e: f"must be a mapping, got {e['input']!r}",
-    "model_type": lambda e: f"must be a mapping, got {e['input']!r}",
-    "bool_type": lambda e: f"must be true or false, got {e['input']!r}",
-    "bool_parsing": lambda e: f"must be true or false, got {e['input']!r}",
-    "string_pattern_mismatch": lambda e: f"{e['input']!r} must match {e['ctx']['pattern']}",
-    "literal_error": lambda e: f"must be one of {e['ctx']['expected']}, got {e['input']!r}",
+    "too_long": lambda e: f"must have at most {e['ctx']['max_length']} item(s)",
+    "finite_number": lambda e: f"must be a finite number, got {_r(e['input'])}",
+    "int_type": lambda e: f"must be an integer, got {_r(e['input'])}",
+    "int_parsing": lambda e: f"must be an integer, got {_r(e['input'])}",
+    "int_from_float": lambda e: f"must be an integer, got {_r(e['input'])}",
+    "float_type": lambda e: f"must be a number, got {_r(e['input'])}",
+    "float_parsing": lambda e: f"must be a number, got {_r(e['input'])}",
+    "string_type": lambda e: f"must be a string, got {_r(e['input'])}",
+    "list_type": lambda e: f"must be a list, got {_r(e['input'])}",
+    "tuple_type": lambda e: f"must be a list, got {_r(e['input'])}",
+    "dict_type": lambda e: f"must be a mapping, got {_r(e['input'])}",
+    "model_type": lambda e: f"must be a mapping, got {_r(e['input'])}",
+    "bool_type": lambda e: f"must be true or false, got {_r(e['input'])}",
+    "bool_parsing": lambda e: f"must be true or false, got {_r(e['input'])}",
+    "string_pattern_mismatch": lambda e: f"{_r(e['input'])} must match {e['ctx']['pattern']}",
+    "literal_error": lambda e: f"must be one of {e['ctx']['expected']}, got {_r(e['input'])}",
 }
 
 
@@ -284,38 +351,44 @@ def describe(err: ValidationError, prefix: str = "") -> str:
 # ---------------------------------------------------------------------------- loading
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(f"{path}: no such file")
-    if not path.is_file():
-        raise ConfigError(f"{path}: not a file")
+    """A config or sweep file, read and parsed within the limits of emu/yaml_input.py."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must contain a mapping at the top level")
+        data = yaml_input.load_file(path, MAX_FILE_BYTES)
+        if not isinstance(data, dict):
+            got = "nothing (an empty file)" if data is None else f"a {type(data).__name__}"
+            raise InputError(yaml_input.shown(path), f"must contain a mapping at the top level, got {got}")
+        yaml_input.check_values(data)
+    except InputError as e:
+        raise ConfigError(str(e)) from None
     return data
 
 
-def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
-    """`topology.hosts.1.bw_mbps = 5` style assignment into nested dicts and lists."""
-    parts = key.split(".")
+def set_dotted(d: dict[str, Any], key: str, value: Any, copy_path: bool = False) -> None:
+    """`topology.hosts.1.bw_mbps = 5` style assignment into nested dicts and lists.
+    copy_path: copy each container on the way (shallow) instead of changing it in place, so
+    a grid point changes its own variant and shares the rest with the base."""
+    if not isinstance(key, str):
+        raise ConfigError(f"{_r(key)}: a dotted key must be a string")
+    parts = key.split(".", MAX_DEPTH)
+    if len(parts) > MAX_DEPTH:
+        raise ConfigError(f"{key[:60]}...: a key of more than {MAX_DEPTH} levels")
     cur: Any = d
     for i, p in enumerate(parts[:-1]):
         nxt = parts[i + 1]
         if isinstance(cur, list):
             try:
-                cur = cur[int(p)]
+                at: Any = int(p)
+                child = cur[at]
             except (ValueError, IndexError):
                 raise ConfigError(f"{key}: no list item {p!r}") from None
         else:
             if not isinstance(cur, dict):
                 raise ConfigError(f"{key}: {'.'.join(parts[:i])} is not a mapping")
-            cur = cur.setdefault(p, [] if nxt.isdigit() else {})
+            at = p
+            child = cur.setdefault(p, [] if nxt.isdigit() else {})
+        if copy_path and isinstance(child, (dict, list)):
+            child = cur[at] = copy.copy(child)
+        cur = child
     last = parts[-1]
     if isinstance(cur, list):
         try:
@@ -329,15 +402,24 @@ def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value` from the command line; the value is parsed as YAML (numbers, lists...)."""
+    """`key=value` from the command line; the value is parsed as YAML (numbers, lists...),
+    within the same limits as a config file; text that is not YAML stays a string."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set {text!r}: expected key=value")
+        raise ConfigError(f"--set {_r(text)}: expected key=value")
+    key = key.strip()
+    where = f"--set {key}"
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
+        if len(text.encode(errors="surrogateescape")) > MAX_FILE_BYTES:
+            raise InputError(where, f"longer than {MAX_FILE_BYTES} bytes")
+        try:
+            value = yaml_input.parse(raw, where) if raw.strip() else ""
+        except YamlSyntaxError:
+            value = raw
+        yaml_input.check_values(value, where)
+    except InputError as e:
+        raise ConfigError(str(e)) from None
+    return key, value
 
 
 def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path = Path(".")) -> Experiment:
@@ -435,32 +517,54 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
     seeds = raw.pop("seeds", None)
     if seeds is not None:
         if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and x >= 0 for x in seeds):
-            raise ConfigError(f"seeds: must be a non-empty list of integers >= 0, got {seeds!r}")
+            raise ConfigError(f"seeds: must be a non-empty list of integers >= 0, got {_r(seeds)}")
         grid["seed"] = seeds
     repeats = raw.pop("repeats", 1)
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ConfigError(f"repeats: must be an integer >= 1, got {repeats!r}")
+        raise ConfigError(f"repeats: must be an integer >= 1, got {_r(repeats)}")
     lengths = {k: len(v) for k, v in zipped.items()}
     if len(set(lengths.values())) > 1:
         raise ConfigError("zip: lists must have equal lengths (" +
                           ", ".join(f"{k} has {n}" for k, n in lengths.items()) + ")")
+    # Counted before anything is expanded: 10 lists of 10 values are 10^10 points.
+    runs = math.prod(len(v) for v in grid.values()) * max(lengths.values(), default=1) * repeats
+    if runs > MAX_RUNS:
+        sizes = " x ".join([str(len(v)) for v in grid.values()] + ([str(max(lengths.values()))] if zipped else []) +
+                           ([f"{repeats} repeats"] if repeats > 1 else []))
+        raise ConfigError(f"grid: {runs} runs ({sizes}); a plan has at most {MAX_RUNS} "
+                          f"(split the sweep into several files)")
+    try:
+        values = yaml_input.check_values(raw)  # the merged config: --set a.b.c... may nest it deeper
+    except InputError as e:
+        raise ConfigError(str(e)) from None
+    points_total = runs // repeats
+    if points_total * values > MAX_PLAN_SIZE:
+        raise ConfigError(f"grid: {points_total} experiments of {values} values each; a plan holds at most "
+                          f"{MAX_PLAN_SIZE} values in all (split the sweep into several files)")
     zip_points = [dict(zip(zipped, vals)) for vals in zip(*zipped.values())] if zipped else [{}]
     experiments: list[Experiment] = []
     points: list[dict[str, Any]] = []
     keys = list(grid)
+    size = 0
     for combo in itertools.product(*(grid[k] for k in keys)):
         for zp in zip_points:
             point = {**dict(zip(keys, combo)), **zp}
-            variant = copy.deepcopy(raw)
+            variant = dict(raw)
             for k, v in point.items():
-                set_dotted(variant, k, v)
+                set_dotted(variant, k, v, copy_path=True)
             try:
                 experiments.append(validate_experiment(variant, sections, base_dir))
                 points.append(point)
             except ConfigError as e:
                 if point:
-                    where = ", ".join(f"{k}={v!r}" for k, v in point.items())
+                    where = ", ".join(f"{k}={_r(v)}" for k, v in point.items())
                     raise ConfigError(f"{e} (grid point {where})") from None
                 raise
+            net = experiments[-1].net
+            size += values + 10 * (len(net.hosts) + len(net.links))
+            if size > MAX_PLAN_SIZE:
+                raise ConfigError(f"grid: {points_total} experiments of {values} values and {len(net.hosts)} "
+                                  f"hosts each; a plan holds at most {MAX_PLAN_SIZE} values in all, counting "
+                                  f"ten per host and link (split the sweep into several files)")
     name = experiments[0].name
     return Plan(name=name, experiments=experiments, repeats=repeats, source=path, points=points)

@@ -48,12 +48,42 @@ def test_base_set_grid_zip_seeds(tmp_path):
      "workload.batch_size: must be an integer, got 'big' (grid point workload.batch_size='big')"),
     ({"base": "base.yaml", "seeds": [-1]}, "seeds: must be a non-empty list of integers >= 0, got [-1]"),
     ({"base": "missing.yaml"}, "missing.yaml: no such file"),
+    # hostile sweep files: refused before anything is expanded
+    ({"base": "/dev/zero"}, "/dev/zero: not a regular file (a device, FIFO or socket)"),
+    ({"base": "."}, ": is a directory, not a file"),
+    ({"base": "base.yaml", "set": {"workload.lr": float("inf")}}, "set.workload.lr: must be a finite number, got inf"),
+    ({"base": "base.yaml", "set": {1: 2}}, "set: keys must be strings, got 1 (quote it)"),
+    ({"base": "base.yaml", "set": {".".join(["a"] * 40): 1}}, "a key of more than 32 levels"),
+    ({"base": "base.yaml", "grid": {f"workload.x{i}": list(range(10)) for i in range(10)}},
+     "grid: 10000000000 runs (10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10); a plan has at most 10000"),
+    ({"base": "base.yaml", "seeds": list(range(100)), "zip": {"workload.batch_size": list(range(1, 101))},
+      "repeats": 2}, "grid: 20000 runs (100 x 100 x 2 repeats); a plan has at most 10000"),
 ])
 def test_bad_sweep_files(tmp_path, sweep, message):
     write(tmp_path / "base.yaml", GOOD)
     with pytest.raises(ConfigError) as e:
         load_plan(write(tmp_path / "sweep.yaml", sweep), _sections())
     assert message in str(e.value)
+
+
+def test_sweep_base_is_read_bounded(tmp_path):
+    """The base file gets the same limits as the sweep file: an alias bomb stops while read."""
+    bomb = "".join(f"  a{i}: &a{i} [" + ", ".join([f"*a{i - 1}" if i else "x"] * 10) + "]\n" for i in range(10))
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(GOOD) + "x:\n" + bomb)
+    with pytest.raises(ConfigError) as e:
+        load_plan(write(tmp_path / "sweep.yaml", {"base": "base.yaml"}), _sections())
+    assert str(e.value).startswith(f"{tmp_path / 'base.yaml'}: line ")
+    assert str(e.value).endswith(": more than 100000 values once aliases are expanded (an alias bomb?)")
+
+
+def test_grid_points_share_the_base_config(tmp_path):
+    """Each grid point copies only what it changes: the base is not copied per point, and a
+    point never leaks into the next."""
+    plan = load_plan(write(tmp_path / "g.yaml", {**GOOD, "grid": {
+        "topology.hosts.1.bw_mbps": [5, 7], "workload.batch_size": [8, 16]}}), _sections())
+    assert [(e.net.rate("w0", "s1"), e.workload["batch_size"]) for e in plan.experiments] == \
+        [(5, 8), (5, 16), (7, 8), (7, 16)]
+    assert {e.net.rate("w1", "s1") for e in plan.experiments} == {10}
 
 
 def test_cli_bad_sweep_exit_2_nothing_run(tmp_path):
