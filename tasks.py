@@ -157,10 +157,13 @@ def demo(c, results=str(RESULTS), force=False):
                                                         for r in range(plan.repeats)])
 
 
-@task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure"})
-def test(c, k=None, x=False):
-    """Run the test suite (end-to-end Mininet tests need root and are skipped without it)."""
+@task(help={"k": "only tests matching this pytest -k expression", "x": "stop at the first failure",
+            "fast": "the fast tier: no Mininet, nothing that needs root, nothing slow (markers: pyproject.toml)"})
+def test(c, k=None, x=False, fast=False):
+    """Run the test suite (end-to-end Mininet tests need root and are skipped without it); --fast: the fast tier."""
     args = [sys.executable, "-m", "pytest", "-q", "-rs", str(REPO / "tests")]
+    if fast:
+        args += ["-m", "not mininet and not root and not slow"]
     if k:
         args += ["-k", k]
     if x:

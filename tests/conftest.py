@@ -1,6 +1,7 @@
-"""Shared test helpers: repository paths, the root check, and leftover detection."""
+"""Shared test helpers: repository paths, the root check, the test tiers, and leftover detection."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import subprocess
 import sys
@@ -13,6 +14,56 @@ sys.path.insert(0, str(REPO))
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="end-to-end Mininet tests need root (run: sudo ./inv test)")
+
+# Tiers (markers declared in pyproject.toml). `./inv test --fast` deselects `mininet`, `root`
+# and `slow`; `./inv test` runs everything. A test that builds a Mininet network is marked
+# `mininet` in its file and is given `root` here. `slow`: the tests below, each about a second
+# or more on the reference machine (measured with --durations); with them out the fast tier
+# takes well under a minute there. An entry is a test's node id; without a parameter part
+# it covers every parametrization, with one (`[gloo-*]`) the matching ones (fnmatch).
+# tests/test_lint.py checks that every entry still names a test.
+SLOW = [
+    "tests/test_analysis.py::test_notebook_rebuilds_the_figure",
+    "tests/test_analysis.py::test_report_of_a_faceted_sweep_with_repeats_tests_a_claim",
+    "tests/test_analysis.py::test_report_task_refuses_a_missing_sweep",
+    "tests/test_analysis.py::test_report_task_writes_every_figure_and_the_measured_numbers",
+    "tests/test_analysis.py::test_report_without_a_trace_says_why_the_timeline_is_missing",
+    "tests/test_forest.py::test_heterogeneous_star_average[8]",
+    "tests/test_forest.py::test_killed_worker_named_by_every_worker_within_bounded_time",
+    "tests/test_forest.py::test_two_racks_deep_trees_and_huge_tensor",
+    "tests/test_forest.py::test_worker_that_never_starts_is_named",
+    "tests/test_models.py::test_forward_matches_the_data[resnet]",
+    "tests/test_models.py::test_forward_matches_the_data[vgg]",
+    "tests/test_replay.py::test_profiler_cli_writes_a_replayable_profile",
+    "tests/test_replay.py::test_replay_keeps_the_profiles_per_layer_times",
+    "tests/test_replay.py::test_replay_worker_holds_about_twice_its_gradients_and_no_torch",
+    "tests/test_schedulers_collective.py::test_gloo_missing_worker_fails_rendezvous_in_time",
+    "tests/test_schedulers_collective.py::test_gloo_worker_death_ends_everyone",
+    "tests/test_schedulers_collective.py::test_ring_keeps_emulated_links_busy",
+    "tests/test_schedulers_collective.py::test_ring_missing_worker_fails_rendezvous_in_time",
+    "tests/test_schedulers_collective.py::test_training_end_to_end_matches_parameter_server",
+    "tests/test_schedulers_loopback.py::test_average_equals_reference[forest-8w]",
+    "tests/test_schedulers_loopback.py::test_average_equals_reference[gloo-*]",
+    "tests/test_schedulers_loopback.py::test_paper_defaults_huge_tensor",
+    "tests/test_schedulers_ps_family.py::test_dead_worker_makes_servers_and_workers_fail_naming_it",
+]
+
+
+def slow_entry_matches(entry: str, nodeid: str) -> bool:
+    base, _, params = entry.partition("[")
+    node_base, _, node_params = nodeid.partition("[")
+    if base != node_base:
+        return False
+    return not params or fnmatch.fnmatchcase(node_params.removesuffix("]"), params.removesuffix("]"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("mininet"):
+            item.add_marker(pytest.mark.root)
+        if any(slow_entry_matches(e, item.nodeid) for e in SLOW):
+            item.add_marker(pytest.mark.slow)
 
 
 def invoke(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

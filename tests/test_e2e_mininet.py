@@ -17,7 +17,7 @@ import yaml
 
 from tests.conftest import interfaces, invoke, invoke_popen, needs_root
 
-pytestmark = needs_root
+pytestmark = [needs_root, pytest.mark.mininet]
 
 TINY = {
     "name": "e2e",

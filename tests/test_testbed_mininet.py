@@ -21,7 +21,7 @@ from emu.shaping import LinkShaping, Shaper
 from emu.topospec import GraphTopology, RacksTopology, StarTopology
 from tests.conftest import needs_root
 
-pytestmark = needs_root
+pytestmark = [needs_root, pytest.mark.mininet]
 CEILING = 0.95  # iperf3 goodput / configured rate through htb here
 
 
