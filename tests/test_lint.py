@@ -1,0 +1,74 @@
+"""Repository hygiene: ruff finds nothing, the lock covers pyproject.toml, the slow list is current.
+
+ruff's rules and exclusions are in pyproject.toml ([tool.ruff]); `python -m ruff check .`
+shows the same findings, and `--fix` repairs those marked [*].
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.conftest import REPO, SLOW
+
+
+def test_ruff_finds_nothing():
+    assert importlib.util.find_spec("ruff"), "ruff is not installed here: ./inv installs requirements.txt into .venv"
+    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format=concise", "."],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    if r.returncode:
+        pytest.fail(f"ruff check . (settings: pyproject.toml):\n{r.stdout}{r.stderr}", pytrace=False)
+
+
+def locked() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "requirements.txt").read_text().splitlines():
+        m = re.match(r"([A-Za-z0-9_.\-]+)==(\S+)", line)
+        if m:
+            pins[canonicalize_name(m[1])] = m[2]
+    return pins
+
+
+def test_lock_pins_every_direct_dependency_within_its_range():
+    """requirements.txt is compiled from pyproject.toml (the command is in its header): a
+    dependency added or changed there without compiling again is caught here."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    direct = [*project["dependencies"], *(d for group in project["optional-dependencies"].values() for d in group)]
+    pins = locked()
+    problems = []
+    for text in direct:
+        req = Requirement(text)
+        version = pins.get(canonicalize_name(req.name))
+        if version is None:
+            problems.append(f"{req.name}: not in requirements.txt")
+        elif not req.specifier.contains(version, prereleases=True):
+            problems.append(f"{req.name}=={version} in requirements.txt is outside pyproject.toml's {req.specifier}")
+    assert not problems, "compile the lock again (command in requirements.txt's header):\n" + "\n".join(problems)
+
+
+def test_lock_has_the_cpu_torch_and_no_cuda_packages():
+    pins = locked()
+    assert pins["torch"].endswith("+cpu"), pins["torch"]
+    cuda = sorted(n for n in pins if n.startswith(("nvidia-", "triton", "cuda")))
+    assert not cuda, f"CUDA packages in the lock (was it compiled where only the CUDA torch was found?): {cuda}"
+
+
+def test_every_slow_entry_names_a_test():
+    """conftest.SLOW names tests by node id; a renamed or removed test would leave a stale entry
+    (its parameter part is a pattern, not checked here)."""
+    stale = []
+    for entry in SLOW:
+        path, _, name = entry.partition("::")
+        file = REPO / path
+        functions = {n.name for n in ast.walk(ast.parse(file.read_text()))
+                     if isinstance(n, ast.FunctionDef)} if file.exists() else set()
+        if name.partition("[")[0] not in functions:
+            stale.append(entry)
+    assert not stale, f"tests/conftest.py SLOW names tests that do not exist: {stale}"
