@@ -29,12 +29,12 @@ from emu.shaping import MAX_RATE_CHANGES, LinkShaping
 from emu.topospec import MAX_GRAPH_NODES, TOPOLOGY_KINDS, NetSpec, Topology
 from emu.yaml_input import MAX_DEPTH, MAX_FILE_BYTES, InputError, YamlSyntaxError
 
-# Every experiment of a plan is validated and held before the first run starts (a shard
-# too); at tens of seconds a run, 10,000 runs are days of one machine.
-MAX_RUNS = 10_000
+# Every experiment of a plan (a shard's too) is validated and held before the first run
+# starts, at about 0.1 ms and 10 KB each; 5,000 runs of tens of seconds are days of one machine.
+MAX_RUNS = 5_000
 # All experiments of a plan together, in config values plus ten per host and link of each
-# experiment's network (a host or link costs about ten values to validate): about a second.
-MAX_PLAN_SIZE = 2_000_000
+# experiment's network (a host or link costs about ten values to validate): about 0.5 s.
+MAX_PLAN_SIZE = 1_000_000
 # A run holds the machine's one emulated network; a week is beyond any experiment here.
 MAX_TIMEOUT_S = 7 * 24 * 3600
 # Each flow is an iperf3 server and client with its own port from 5201.
