@@ -529,8 +529,9 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
     # Counted before anything is expanded: 10 lists of 10 values are 10^10 points.
     runs = math.prod(len(v) for v in grid.values()) * max(lengths.values(), default=1) * repeats
     if runs > MAX_RUNS:
-        sizes = " x ".join([str(len(v)) for v in grid.values()] + ([str(max(lengths.values()))] if zipped else []) +
-                           ([f"{repeats} repeats"] if repeats > 1 else []))
+        sizes = ", ".join([f"{k}: {len(v)}" for k, v in grid.items()] +
+                          ([f"zip: {max(lengths.values())}"] if zipped else []) +
+                          ([f"repeats: {repeats}"] if repeats > 1 else []))
         raise ConfigError(f"grid: {runs} runs ({sizes}); a plan has at most {MAX_RUNS} "
                           f"(split the sweep into several files)")
     try:

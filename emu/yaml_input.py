@@ -128,16 +128,18 @@ class _Bounded(*_BASES):
         yaml.composer.Composer.__init__(self)
         self.depth = 0
         self.nodes = 0             # nodes so far, each alias counted as the size of its anchor
+        self.aliased = 0           # how many of them came through aliases
         self.sizes: dict[str, int] = {}  # anchor -> expanded size, once its node is complete
 
     def _line(self, mark) -> str:
         return f"line {mark.line + 1}: " if mark is not None else ""
 
-    def _count(self, n: int, mark) -> None:
+    def _count(self, n: int, mark, alias: bool = False) -> None:
         self.nodes += n
+        self.aliased += n if alias else 0
         if self.nodes > MAX_NODES:
-            raise InputError("", f"{self._line(mark)}more than {MAX_NODES} values once aliases are expanded "
-                                 f"(an alias bomb?)")
+            bomb = " (an alias bomb?)" if self.aliased > self.nodes // 2 else ""
+            raise InputError("", f"{self._line(mark)}more than {MAX_NODES} values once aliases are expanded{bomb}")
 
     def compose_node(self, parent, index):
         if self.check_event(AliasEvent):
@@ -147,7 +149,7 @@ class _Bounded(*_BASES):
                 if size is None:
                     raise InputError("", f"{self._line(event.start_mark)}alias *{event.anchor} is used inside "
                                          f"the node it names (a recursive structure)")
-                self._count(size, event.start_mark)
+                self._count(size, event.start_mark, alias=True)
             return super().compose_node(parent, index)  # also refuses an undefined alias
         event = self.peek_event()
         self.depth += 1

@@ -247,8 +247,8 @@ HOSTILE = [
     ("!!binary", text(G.replace("name: t", "name: !!binary aGk=")), r"name: a YAML !!binary value cannot be"),
     # the plan
     ("grid of 10^10", cfg("grid", {f"workload.x{i}": list(range(10)) for i in range(10)}),
-     r"grid: 10000000000 runs \(10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10\); a plan has at most 5000"),
-    ("10^9 repeats", cfg("repeats", 10 ** 9), r"grid: 1000000000 runs \(1000000000 repeats\)"),
+     r"grid: 10000000000 runs \(workload\.x0: 10, workload\.x1: 10, .*, workload\.x9: 10\); a plan has at most 5000"),
+    ("10^9 repeats", cfg("repeats", 10 ** 9), r"grid: 1000000000 runs \(repeats: 1000000000\)"),
     ("racks x seeds", text(yaml.safe_dump({
         **variant("topology", {"kind": "racks", "racks": 16, "hosts_per_rack": 64, "host_bw_mbps": 10}),
         "roles": {"servers": ["r0h0"], "workers": "rest"}, "seeds": list(range(4999))})),

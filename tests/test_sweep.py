@@ -55,9 +55,10 @@ def test_base_set_grid_zip_seeds(tmp_path):
     ({"base": "base.yaml", "set": {1: 2}}, "set: keys must be strings, got 1 (quote it)"),
     ({"base": "base.yaml", "set": {".".join(["a"] * 40): 1}}, "a key of more than 32 levels"),
     ({"base": "base.yaml", "grid": {f"workload.x{i}": list(range(10)) for i in range(10)}},
-     "grid: 10000000000 runs (10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10 x 10); a plan has at most 5000"),
+     "grid: 10000000000 runs (workload.x0: 10, workload.x1: 10, workload.x2: 10, workload.x3: 10, workload.x4: 10, "
+     "workload.x5: 10, workload.x6: 10, workload.x7: 10, workload.x8: 10, workload.x9: 10); a plan has at most 5000"),
     ({"base": "base.yaml", "seeds": list(range(100)), "zip": {"workload.batch_size": list(range(1, 101))},
-      "repeats": 2}, "grid: 20000 runs (100 x 100 x 2 repeats); a plan has at most 5000"),
+      "repeats": 2}, "grid: 20000 runs (seed: 100, zip: 100, repeats: 2); a plan has at most 5000"),
 ])
 def test_bad_sweep_files(tmp_path, sweep, message):
     write(tmp_path / "base.yaml", GOOD)
