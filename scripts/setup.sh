@@ -17,6 +17,7 @@ lock="$root/requirements.txt"
 declare -A need=(
   [mn]=mininet [mnexec]=mininet [iperf3]=iperf3 [brctl]=bridge-utils
   [tc]=iproute2 [ip]=iproute2 [ifconfig]=net-tools [ethtool]=ethtool
+  [cgcreate]=cgroup-tools [cgclassify]=cgroup-tools [sysctl]=procps
 )
 missing=()
 for cmd in "${!need[@]}"; do
