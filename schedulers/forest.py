@@ -43,6 +43,7 @@ import numpy as np
 from pydantic import Field
 
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.failure import Failure
 from schedulers.forest_plan import DEFAULT_EPSILON, ForestPlan, Tree, plan_forest
 from schedulers.transport import Connection, Kind, Outbox, connect, listen
 
@@ -120,9 +121,8 @@ class Forest(Scheduler):
         self.parent = [t.parent[self.rank] for t in self.trees]
         self.children = [t.children(self.rank) for t in self.trees]
         self.peers = sorted({p for p in self.parent if p >= 0} | {c for cs in self.children for c in cs})
-        self._cv = threading.Condition()
-        self._error: str | None = None
-        self._closing = False
+        self._failure = Failure(f"worker {self.rank}")
+        self._cv = self._failure.cv
         self._ended: set[int] = set()          # peers that said BYE
         self._gone: set[int] = set()           # peers whose receive thread has ended, for any reason
         self._slots: dict[tuple[int, int, int], Slot] = {}
@@ -177,19 +177,19 @@ class Forest(Scheduler):
                     conn.close()
                     raise
                 self._attach(p, conn)
-                self._raise_if_failed()
+                self._failure.check()
             while acceptor is not None and acceptor.is_alive():
                 acceptor.join(0.2)
-                self._raise_if_failed()
+                self._failure.check()
             if accept_errors:
                 raise accept_errors[0]
-            self._raise_if_failed()
+            self._failure.check()
         except BaseException as e:
             stop.set()
             if acceptor is not None:
                 acceptor.join()
             self._fail(str(e))          # no-op when an ABORT from a peer came first
-            self._raise_if_failed()
+            self._failure.check()
             raise
 
     def _accept(self, listener, expected: set[int], deadline: float, stop: threading.Event,
@@ -235,7 +235,7 @@ class Forest(Scheduler):
         with self._cv:
             self.conns[p] = conn
             ob = self.outboxes[p] = Outbox(conn, lambda e: self._fail(str(e)), sender=self.rank, on_send=on_send)
-            failed = self._error
+            failed = self._failure.reason
         if failed is not None:   # we failed while this one was connecting: it must hear why
             ob.abort(failed)
             return
@@ -261,7 +261,7 @@ class Forest(Scheduler):
             raise ValueError(f"key {key}: pushed {grad.size} elements, expected {self.specs[key].numel}")
         chunks = self.chunks[key]
         with self._cv:
-            self._raise_if_failed()
+            self._failure.check()
             if it <= self._pushed[key]:
                 raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
             self._pushed[key] = it
@@ -278,7 +278,7 @@ class Forest(Scheduler):
             if self._pushed[key] < it:
                 raise ValueError(f"wait({key}, {it}) before that gradient was pushed")
             while self._done[key] < it:
-                self._raise_if_failed()
+                self._failure.check()
                 culprit = self._needs_ended_peer(key, it)
                 if culprit is not None:
                     break
@@ -287,18 +287,18 @@ class Forest(Scheduler):
                 return self.out[key]
         reason = f"{self._peer(culprit)} ended its session (BYE) while iteration {it} still needed it"
         self._fail(reason)
-        raise CommError(f"worker {self.rank}: {self._error or reason}")
+        raise self._failure.error(reason)
 
     def close(self) -> None:
         """Finish what was pushed, then BYE to every peer and wait for theirs, so no byte in
         flight is cut off. Closing with work unfinished is a failure (ABORT)."""
         with self._cv:
-            if self._closing:
+            if self._failure.closing:
                 return
-            self._cv.wait_for(lambda: self._error is not None or not self._pending, self.ctx.connect_timeout_s)
-            unfinished = self._error is None and bool(self._pending)
-            failed = self._error is not None
-            self._closing = True
+            self._cv.wait_for(lambda: self._failure.failed or not self._pending, self.ctx.connect_timeout_s)
+            failed = self._failure.failed
+            unfinished = not failed and bool(self._pending)
+            self._failure.closing = True
         if unfinished:
             self._abort(f"{self._peer(self.rank)} closed with iterations unfinished")
             return
@@ -416,20 +416,11 @@ class Forest(Scheduler):
 
     def _fail(self, reason: str) -> None:
         """The first failure wins: remember it, wake waiters, tell every peer."""
-        with self._cv:
-            if self._error is not None or self._closing:
-                self._cv.notify_all()
-                return
-            self._error = reason
-            self._cv.notify_all()
-        self._abort(reason)
+        if self._failure.fail(reason):
+            self._abort(reason)
 
     def _abort(self, reason: str) -> None:
         with self._cv:
             outboxes = list(self.outboxes.values())
         for ob in outboxes:
             ob.abort(reason)
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise CommError(f"worker {self.rank}: {self._error}")

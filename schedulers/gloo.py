@@ -31,6 +31,7 @@ import numpy as np
 from pydantic import Field
 
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.failure import Failure
 from schedulers.ring import MiB, Bucket, assign_buckets
 from schedulers.transport import listen
 
@@ -65,8 +66,8 @@ class Gloo(Scheduler):
 
     def __init__(self, ctx: RoleContext, params: GlooParams):
         super().__init__(ctx, params)
-        self._cv = threading.Condition()
-        self._error: str | None = None
+        self._failure = Failure(f"worker {ctx.rank}")
+        self._cv = self._failure.cv
         self._group = False
         self._beacon: socket.socket | None = None
         self._store: Any = None
@@ -112,7 +113,7 @@ class Gloo(Scheduler):
     def push(self, key: int, grad: np.ndarray, it: int) -> None:
         gb = self.bucket_of[key]
         with self._cv:
-            self._raise_if_failed()
+            self._failure.check()
             if it <= self._pushed[key]:
                 raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
             if (gb.filled and gb.filling_it != it) or gb.ready_it > gb.launched_it:
@@ -156,7 +157,7 @@ class Gloo(Scheduler):
             if self._pushed[key] < it:
                 raise ValueError(f"wait({key}, {it}) before that gradient was pushed")
             while gb.launched_it < it:  # an earlier bucket is not full yet
-                self._raise_if_failed()
+                self._failure.check()
                 self._cv.wait(1.0)
         if gb.done_it < it:
             self._finish(gb)
@@ -168,7 +169,7 @@ class Gloo(Scheduler):
         with gb.lock:
             if gb.done_it == gb.launched_it:
                 return
-            self._raise_if_failed()
+            self._failure.check()
             try:
                 gb.work.wait()
             except RuntimeError as e:
@@ -184,7 +185,7 @@ class Gloo(Scheduler):
         """Finish what was launched, then destroy the group (a barrier first, so no peer
         sees us leave in the middle of its last collective)."""
         try:
-            if self._group and self._error is None:
+            if self._group and not self._failure.failed:
                 for gb in self.buckets:
                     self._finish(gb)
                 if any(gb.filled for gb in self.buckets):
@@ -204,18 +205,13 @@ class Gloo(Scheduler):
         """Record the first failure and leave the group now (aborting our collectives in
         flight): the process can then exit normally, and the peers' pending collectives
         fail at once instead of timing out."""
-        with self._cv:
-            first = self._error is None
-            if first:
-                self._error = reason
-        if first:
+        if self._failure.fail(reason):
             self._store_call("set", f"left/{self.ctx.rank}", "1")  # alive: not to be blamed
             dead = self._diagnose()
-            with self._cv:
-                self._error = f"{dead}; {reason}" if dead else reason
-                self._cv.notify_all()
+            if dead:
+                self._failure.amend(f"{dead}; {reason}")
         self._destroy(abort=True)
-        return CommError(f"worker {self.ctx.rank}: {self._error}")
+        return self._failure.error()
 
     def _diagnose(self) -> str | None:
         """Which peers died. gloo names a peer only by address, and workers that leave the
@@ -268,10 +264,6 @@ class Gloo(Scheduler):
             self._beacon.close()
             atexit.unregister(self._beacon.close)
             self._beacon = None
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise CommError(f"worker {self.ctx.rank}: {self._error}")
 
     def _destroy(self, abort: bool = False) -> None:
         with self._cv:

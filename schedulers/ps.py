@@ -35,6 +35,7 @@ from typing import ClassVar
 import numpy as np
 
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.failure import Failure
 from schedulers.transport import Connection, Header, Kind, Mode, Outbox, abort_all, connect
 
 
@@ -64,10 +65,9 @@ class PSBase(Scheduler):
 
     def __init__(self, ctx: RoleContext, params: SchedulerParams):
         super().__init__(ctx, params)
-        self._cv = threading.Condition()
+        self._failure = Failure()
+        self._cv = self._failure.cv
         self._done_it: dict[int, int] = {}     # key -> last iteration whose result is complete
-        self._error: BaseException | None = None
-        self._closing = False
         self.conns: list[Connection] = []
         self.outboxes: list[Outbox] = []
         self._threads: list[threading.Thread] = []
@@ -99,14 +99,14 @@ class PSBase(Scheduler):
     def wait(self, key: int, it: int) -> np.ndarray:
         with self._cv:
             while self._done_it.get(key, -1) < it:
-                self._raise_if_failed()
+                self._failure.check()
                 self._cv.wait(timeout=1.0)
             return self.out[key]
 
     def close(self) -> None:
         with self._cv:
-            self._closing = True
-            failed = self._error is not None
+            self._failure.closing = True
+            failed = self._failure.failed
             self._cv.notify_all()
         if not failed:
             for ob in self.outboxes:
@@ -120,16 +120,8 @@ class PSBase(Scheduler):
     # ------------------------------------------------------------------ failure
     def _fail(self, err: BaseException) -> None:
         """Keep the first error, wake `wait`, and tell every server why we stop."""
-        with self._cv:
-            if self._error is not None or self._closing:
-                return
-            self._error = err
-            self._cv.notify_all()
-        abort_all(self.outboxes, str(err))  # the server prefixes our name
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise CommError(str(self._error))
+        if self._failure.fail(str(err)):
+            abort_all(self.outboxes, str(err))  # the server prefixes our name
 
     # ------------------------------------------------------------------ receive
     def _receive(self, s: int) -> None:
@@ -138,7 +130,7 @@ class PSBase(Scheduler):
             while True:
                 h = conn.recv_header()
                 if h.kind == Kind.BYE:
-                    if not self._closing:
+                    if not self._failure.closing:
                         raise CommError(f"{conn.peer} ended the session early")
                     return
                 if h.kind == Kind.ABORT:
@@ -230,7 +222,7 @@ class PSScheduler(PSBase):
         task = CommTask(key=key, it=it, priority=spec.priority, data=grad.reshape(-1), seq=next(self._seq))
         parts = task.partition(self._partition_size())
         with self._cv:
-            self._raise_if_failed()
+            self._failure.check()
             self._pending[key] = len(parts)
             for p in parts:
                 p.server = self.server_of[(p.key, p.chunk)]
@@ -240,14 +232,14 @@ class PSScheduler(PSBase):
 
     def _dispatch(self) -> None:
         """Move READY tasks to their server in priority order while credit allows."""
-        credit = self.credit_numel()
+        credit, f = self.credit_numel(), self._failure
         while True:
             with self._cv:
-                while not self._closing and self._error is None and not (
+                while not (f.closing or f.failed) and not (
                         self._queue and (credit is None or self._inflight_numel == 0
                                          or self._inflight_numel + self._queue[0][3].numel <= credit)):
                     self._cv.wait()
-                if self._closing or self._error is not None:
+                if f.closing or f.failed:
                     return
                 task: CommTask = heapq.heappop(self._queue)[3]
                 task.state = State.STARTED
@@ -330,7 +322,7 @@ class PushScheduler(PSBase):
         st = self._keys[key]
         flat = grad.reshape(-1)
         with self._cv:
-            self._raise_if_failed()
+            self._failure.check()
             if st.missing:
                 raise CommError(f"key {key}: iteration {it} pushed before iteration {st.it} came back")
             st.it, st.missing = it, len(st.sizes)

@@ -39,6 +39,7 @@ import numpy as np
 from pydantic import Field
 
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.failure import Failure
 from schedulers.transport import Connection, Kind, Outbox, connect, listen
 
 MiB = 1024 * 1024
@@ -124,9 +125,8 @@ class Ring(Scheduler):
         super().__init__(ctx, params)
         self.n, self.rank = ctx.num_workers, ctx.rank
         self.right_rank, self.left_rank = (self.rank + 1) % self.n, (self.rank - 1) % self.n
-        self._cv = threading.Condition()
-        self._error: str | None = None
-        self._closing = False
+        self._failure = Failure(f"worker {self.rank}")
+        self._cv = self._failure.cv
         self._pushed: dict[int, int] = {}
         self._threads: list[threading.Thread] = []
         self._ended = 0  # neighbours that said BYE (or vanished while we close)
@@ -203,7 +203,7 @@ class Ring(Scheduler):
     def push(self, key: int, grad: np.ndarray, it: int) -> None:
         rb = self.bucket_of[key]
         with self._cv:
-            self._raise_if_failed()
+            self._failure.check()
             if it <= self._pushed[key]:
                 raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
             if rb.filled and rb.filling_it != it:
@@ -213,7 +213,7 @@ class Ring(Scheduler):
             rb.filling_it = it
             while rb.done_it != rb.launched_it:  # our buffers still serve the previous launch
                 self._cv.wait(1.0)
-                self._raise_if_failed()
+                self._failure.check()
         off = rb.spec.offsets[key]
         np.copyto(rb.inp[off:off + self.numel[key]], grad.reshape(-1))
         with self._cv:
@@ -231,7 +231,7 @@ class Ring(Scheduler):
             if self._pushed[key] < it:
                 raise ValueError(f"wait({key}, {it}) before that gradient was pushed")
             while rb.done_it < it:
-                self._raise_if_failed()
+                self._failure.check()
                 self._cv.wait(1.0)
         off = rb.spec.offsets[key]
         return rb.out[off:off + self.numel[key]]
@@ -240,17 +240,17 @@ class Ring(Scheduler):
         """Finish what was launched, then BYE both ways and wait for both neighbours' BYE, so
         no byte in flight is cut off. Closing with work unfinished is a failure (ABORT)."""
         with self._cv:
-            if self._closing:
+            if self._failure.closing:
                 return
-            self._cv.wait_for(lambda: self._error is not None or all(
+            self._cv.wait_for(lambda: self._failure.failed or all(
                 rb.done_it == rb.launched_it for rb in self.buckets), self.ctx.connect_timeout_s)
-            complete = self._error is None and all(
+            complete = not self._failure.failed and all(
                 rb.filled == 0 and rb.done_it == self.buckets[0].done_it for rb in self.buckets)
-            self._closing = True
+            self._failure.closing = True
         if not self._connected:  # one worker, or start() failed (and told the neighbours)
             return
         if not complete:
-            if self._error is None:
+            if not self._failure.failed:
                 self._abort(f"{self._peer(self.rank)} closed with iterations unfinished")
             return
         self.outbox.close()
@@ -380,19 +380,13 @@ class Ring(Scheduler):
     def _fail(self, reason: str, via: str | None = None) -> None:
         """The first failure wins: remember it, wake waiters, tell both neighbours (who pass
         the reason on unchanged, so it names the peer that failed first)."""
+        if self._failure.fail(reason if via is None else f"{reason} (relayed by {via})"):
+            self._abort(reason)
+            return
         with self._cv:
-            if self._error is not None or self._closing:
-                self._ended += 1  # a neighbour went away while we close: stop waiting for it
-                self._cv.notify_all()
-                return
-            self._error = reason if via is None else f"{reason} (relayed by {via})"
+            self._ended += 1  # a neighbour went away while we close: stop waiting for it
             self._cv.notify_all()
-        self._abort(reason)
 
     def _abort(self, reason: str) -> None:
         self.outbox.abort(reason)
         self.left.abort(reason, self.rank)
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise CommError(f"worker {self.rank}: {self._error}")

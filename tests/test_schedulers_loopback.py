@@ -24,6 +24,7 @@ import pytest
 
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
+from schedulers.failure import Failure
 from schedulers.server import ParameterServer
 from workloads.local import free_ports
 
@@ -286,6 +287,20 @@ def test_worker_sees_dead_server_quickly():
         t.join(20)
         assert not t.is_alive()
     assert errors and "server 0" in errors[0], errors
+
+
+def test_failure_keeps_the_first_reason_until_closing():
+    """The helper every scheduler's threads report to: the first reason wins and is raised
+    with the role's name; once the role closes on purpose, nothing more is kept."""
+    f = Failure("worker 3")
+    f.check()
+    assert f.fail("worker 1 (h1) closed the connection") and not f.fail("fallout")
+    with pytest.raises(CommError, match=r"^worker 3: worker 1 \(h1\) closed the connection$"):
+        f.check()
+    closing = Failure()
+    closing.closing = True
+    assert not closing.fail("a peer hung up") and not closing.failed
+    assert str(closing.error("left early")) == "left early"
 
 
 def _serve_quietly(ps):
