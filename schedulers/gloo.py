@@ -1,10 +1,10 @@
 """PyTorch's own all-reduce (`torch.distributed`, gloo backend): the real-world reference.
 
-Gradients are fused into the same DDP-style buckets as `ring` (25 MiB, first bucket 1 MiB)
-and each full bucket is all-reduced asynchronously, so communication overlaps backward.
-gloo matches collectives by the order they are issued, so, as DDP does, bucket i is
-launched only after buckets 0..i-1 of the same iteration: a bucket that fills early waits
-for its predecessors.
+Gradients are fused into the same DDP-style buckets as `ring` (`buckets.py`), and each
+full bucket is all-reduced asynchronously, so communication overlaps backward. gloo
+matches collectives by the order they are issued, so, as DDP does, bucket i is launched
+only after buckets 0..i-1 of the same iteration: a bucket that fills early waits for its
+predecessors.
 
 Rendezvous is a TCP store at worker 0's ip and `workers[0].port` (what
 `init_method="tcp://ip:port"` sets up, but bounded by `connect_timeout_s` rather than the
@@ -24,40 +24,33 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from pydantic import Field
 
-from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.base import CommError, RoleContext, Scheduler, TensorSpec
+from schedulers.buckets import BucketParams, BucketState, plan_buckets
 from schedulers.failure import Failure
-from schedulers.ring import MiB, Bucket, assign_buckets
 from schedulers.transport import listen
 
 PROBE_TIMEOUT_S = 0.5
 PROBE_ROUNDS, PROBE_PAUSE_S = 5, 0.1
 
 
-class GlooParams(SchedulerParams):
-    requires_servers: ClassVar[bool] = False
-    bucket_mb: float = Field(default=25.0, gt=0, description="bucket cap in MiB (DDP's bucket_cap_mb)")
-    first_bucket_mb: float = Field(default=1.0, gt=0, description="cap of the first bucket in MiB (DDP)")
+class GlooParams(BucketParams):
     timeout_s: float = Field(default=300.0, gt=0, description="a collective stalled this long fails")
 
 
-class _GlooBucket:
-    def __init__(self, spec: Bucket, torch: Any):
-        self.spec = spec
-        self.tensor = torch.zeros(spec.numel, dtype=torch.float32)
-        self.buf = self.tensor.numpy()   # the same memory: gradients in, averages out
-        self.filled = 0                  # gradients pushed for the next launch...
-        self.filling_it = -1             # ...which is of this iteration
-        self.ready_it = -1               # all gradients of this iteration are in buf
-        self.work: Any = None            # the async all_reduce of launched_it
-        self.launched_it = -1
-        self.done_it = -1
-        self.lock = threading.Lock()     # one thread finishes a launch (wait + divide)
+@dataclass(eq=False, kw_only=True)
+class GlooBucket(BucketState):
+    tensor: Any                      # a torch tensor...
+    buf: np.ndarray                  # ...and the same memory: gradients in, averages out
+    ready_it: int = -1               # all gradients of this iteration are in buf
+    work: Any = None                 # the async all_reduce of launched_it
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one thread finishes a launch
 
 
 class Gloo(Scheduler):
@@ -78,10 +71,11 @@ class Gloo(Scheduler):
         import torch.distributed as dist
 
         p = self.params
-        self.buckets = [_GlooBucket(b, torch) for b in
-                        assign_buckets(tensors, int(p.bucket_mb * MiB), int(p.first_bucket_mb * MiB))]
+        self.buckets = []
+        for b in plan_buckets(tensors, p):
+            tensor = torch.zeros(b.numel, dtype=torch.float32)
+            self.buckets.append(GlooBucket(spec=b, tensor=tensor, buf=tensor.numpy()))
         self.bucket_of = {k: gb for gb in self.buckets for k in gb.spec.keys}
-        self.numel = {t.key: t.numel for t in tensors}
         self._pushed = {t.key: -1 for t in tensors}
         self._next = 0  # the bucket gloo must see next
 
@@ -123,13 +117,11 @@ class Gloo(Scheduler):
             gb.filling_it = it
         if gb.done_it != gb.launched_it:  # the buffer still holds the previous launch
             self._finish(gb)
-        off = gb.spec.offsets[key]
-        np.copyto(gb.buf[off:off + self.numel[key]], grad.reshape(-1))
+        np.copyto(gb.buf[gb.spec.span(key)], grad.reshape(-1))
         with self._cv:
-            gb.filled += 1
-            if gb.filled < len(gb.spec.keys):
+            if not gb.add():
                 return
-            gb.filled, gb.ready_it = 0, it
+            gb.ready_it = it
             self._launch_ready()
 
     def _launch_ready(self) -> None:
@@ -161,10 +153,9 @@ class Gloo(Scheduler):
                 self._cv.wait(1.0)
         if gb.done_it < it:
             self._finish(gb)
-        off = gb.spec.offsets[key]
-        return gb.buf[off:off + self.numel[key]]
+        return gb.buf[gb.spec.span(key)]
 
-    def _finish(self, gb: _GlooBucket) -> None:
+    def _finish(self, gb: GlooBucket) -> None:
         """Wait for the bucket's all_reduce and turn its sum into the average."""
         with gb.lock:
             if gb.done_it == gb.launched_it:

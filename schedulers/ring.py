@@ -1,10 +1,7 @@
 """Ring all-reduce among the workers over our own TCP transport (the collective baseline).
 
-Buckets (as in PyTorch DDP). Gradients are fused into flat buckets of about `bucket_mb`,
-filled in the order backward is expected to produce them (the layer farthest from the
-input first); the first bucket is capped at `first_bucket_mb` so communication starts
-early. Every worker computes the same buckets from the same tensor list. A bucket is
-launched the moment its last gradient is pushed, so buckets go out in readiness order.
+Buckets: DDP's (`buckets.py`). A bucket is launched the moment its last gradient is
+pushed, so buckets go out in readiness order.
 
 Ring. Worker i sends only to worker i+1 and receives only from worker i-1. A bucket is
 cut into one segment per worker and each segment into chunks of `chunk_kb`. Segment s is
@@ -33,54 +30,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import numpy as np
 from pydantic import Field
 
-from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.base import CommError, RoleContext, Scheduler, TensorSpec
+from schedulers.buckets import BucketParams, BucketState, plan_buckets
 from schedulers.failure import Failure
 from schedulers.transport import Connection, Kind, Outbox, connect, listen
 
-MiB = 1024 * 1024
 
-
-class RingParams(SchedulerParams):
-    requires_servers: ClassVar[bool] = False
-    bucket_mb: float = Field(default=25.0, gt=0, description="bucket cap in MiB (DDP's bucket_cap_mb)")
-    first_bucket_mb: float = Field(default=1.0, gt=0, description="cap of the first bucket in MiB (DDP)")
+class RingParams(BucketParams):
     chunk_kb: int = Field(default=256, gt=0, description="KiB per frame passed around the ring")
-
-
-# ---------------------------------------------------------------------------- buckets
-@dataclass
-class Bucket:
-    """Gradients fused into one flat buffer; `offsets[key]` is where each one starts."""
-
-    index: int
-    keys: list[int]
-    offsets: dict[int, int]
-    numel: int
-
-
-def assign_buckets(tensors: list[TensorSpec], cap_bytes: int, first_cap_bytes: int) -> list[Bucket]:
-    """DDP's rule over the expected readiness order: add tensors to the current bucket until
-    it reaches its cap (a tensor larger than the cap gets a bucket of its own)."""
-    order = sorted(tensors, key=lambda t: (-t.priority, -t.key))  # backward: output side first
-    buckets: list[Bucket] = []
-    keys: list[int] = []
-    offsets: dict[int, int] = {}
-    numel = 0
-    for t in order:
-        keys.append(t.key)
-        offsets[t.key] = numel
-        numel += t.numel
-        if numel * 4 >= (first_cap_bytes if not buckets else cap_bytes):
-            buckets.append(Bucket(len(buckets), keys, offsets, numel))
-            keys, offsets, numel = [], {}, 0
-    if keys:
-        buckets.append(Bucket(len(buckets), keys, offsets, numel))
-    return buckets
 
 
 # ---------------------------------------------------------------------------- ring state
@@ -91,19 +52,14 @@ class Chunk:
     hi: int
 
 
-@dataclass(eq=False)
-class RingBucket:
+@dataclass(eq=False, kw_only=True)
+class RingBucket(BucketState):
     """A bucket and its progress at this worker. inp holds our gradients, out the averages."""
 
-    spec: Bucket
     chunks: list[Chunk]
     own: list[int]                 # chunks this worker starts (segment rank-1)
     inp: np.ndarray
     out: np.ndarray
-    filled: int = 0                # gradients pushed for the next launch...
-    filling_it: int = -1           # ...which is of this iteration
-    launched_it: int = -1
-    done_it: int = -1
     finished: int = 0              # chunks of launched_it whose average is in `out`
     early: dict[int, list[tuple[int, np.ndarray]]] = field(default_factory=dict)
 
@@ -139,16 +95,13 @@ class Ring(Scheduler):
 
     # ------------------------------------------------------------------ setup
     def start(self, tensors: list[TensorSpec]) -> None:
-        p = self.params
-        specs = assign_buckets(tensors, int(p.bucket_mb * MiB), int(p.first_bucket_mb * MiB))
-        chunk_numel = max(1, p.chunk_kb * 1024 // 4)
-        for b in specs:
+        chunk_numel = max(1, self.params.chunk_kb * 1024 // 4)
+        for b in plan_buckets(tensors, self.params):
             chunks = ring_chunks(b.numel, self.n, chunk_numel)
             own = [c for c, ch in enumerate(chunks) if ch.segment == self.left_rank] if self.n > 1 else []
-            self.buckets.append(RingBucket(b, chunks, own, np.zeros(b.numel, np.float32),
-                                           np.zeros(b.numel, np.float32)))
+            self.buckets.append(RingBucket(spec=b, chunks=chunks, own=own, inp=np.zeros(b.numel, np.float32),
+                                           out=np.zeros(b.numel, np.float32)))
         self.bucket_of = {k: rb for rb in self.buckets for k in rb.spec.keys}
-        self.numel = {t.key: t.numel for t in tensors}
         self._pushed = {t.key: -1 for t in tensors}
         if self.n > 1:
             self._connect()
@@ -214,13 +167,10 @@ class Ring(Scheduler):
             while rb.done_it != rb.launched_it:  # our buffers still serve the previous launch
                 self._cv.wait(1.0)
                 self._failure.check()
-        off = rb.spec.offsets[key]
-        np.copyto(rb.inp[off:off + self.numel[key]], grad.reshape(-1))
+        np.copyto(rb.inp[rb.spec.span(key)], grad.reshape(-1))
         with self._cv:
-            rb.filled += 1
-            if rb.filled < len(rb.spec.keys):
+            if not rb.add():
                 return
-            rb.filled = 0
             rb.launched_it, rb.finished = it, 0
             early = rb.early.pop(it, [])
         self._launch(rb, it, early)
@@ -233,8 +183,7 @@ class Ring(Scheduler):
             while rb.done_it < it:
                 self._failure.check()
                 self._cv.wait(1.0)
-        off = rb.spec.offsets[key]
-        return rb.out[off:off + self.numel[key]]
+        return rb.out[rb.spec.span(key)]
 
     def close(self) -> None:
         """Finish what was launched, then BYE both ways and wait for both neighbours' BYE, so

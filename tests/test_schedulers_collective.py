@@ -12,7 +12,8 @@ import pytest
 
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
-from schedulers.ring import MiB, Ring, RingParams, assign_buckets, ring_chunks
+from schedulers.buckets import MiB, assign_buckets
+from schedulers.ring import Ring, RingParams, ring_chunks
 from schedulers.transport import Connection
 from tests.test_schedulers_loopback import POOL, REPO, drive, free_ports, run_job, spawn_job, star
 
@@ -54,6 +55,7 @@ def test_buckets_follow_ddp_rule():
         off = 0
         for k in b.keys:
             assert b.offsets[k] == off
+            assert b.span(k) == slice(off, off + tensors[k].numel)
             off += tensors[k].numel
         assert b.numel == off
     assert sorted(k for b in buckets for k in b.keys) == list(range(len(tensors)))
