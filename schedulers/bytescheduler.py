@@ -25,7 +25,7 @@ class ByteScheduler(PSScheduler):
     name = "bytescheduler"
     Params = ByteSchedulerParams
 
-    def _partition_size(self) -> int:
+    def partition_numel(self) -> int:
         return self.params.partition_numel
 
     def credit_numel(self) -> int:

@@ -1,6 +1,7 @@
 """FIFO parameter server: whole tensors in the order they become ready, push then pull.
 
-The baseline both papers measure against: no partitioning, no priority, no credit.
+The baseline both papers measure against: no partitioning and no credit window (the
+defaults of `PSScheduler`'s hooks), no priority (readiness order).
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ class FIFOParams(SchedulerParams):
 class FIFO(PSScheduler):
     name = "fifo"
     Params = FIFOParams
-    partition_numel = None
 
     def order(self, task: CommTask) -> tuple:
         return (task.seq, task.chunk)

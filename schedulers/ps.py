@@ -25,6 +25,7 @@ and `wait` raises it). Two protocols build on it:
 """
 from __future__ import annotations
 
+import abc
 import heapq
 import itertools
 import threading
@@ -185,16 +186,26 @@ class CommTask:
 
 
 class PSScheduler(PSBase):
-    """Push/ACK/pull client; subclasses set `partition_numel`, `credit_numel` and `order`."""
+    """Push, ACK, pull. A subclass overrides these hooks, each read once in `start`:
+
+    partition_numel()  elements per partition, the unit of one push and one pull request.
+                       Default None: whole tensors.
+    credit_numel()     elements pushed but not yet acknowledged, at most (with nothing in
+                       flight, a partition goes out whatever its size). Default None: no
+                       window.
+    order(task)        the priority queue's sort key, lowest first. No default.
+    """
 
     server_mode = Mode.PULL
-    partition_numel: ClassVar[int | None] = None
+
+    def partition_numel(self) -> int | None:
+        return None
 
     def credit_numel(self) -> int | None:
         return None
 
-    def order(self, task: CommTask) -> tuple:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def order(self, task: CommTask) -> tuple: ...
 
     def __init__(self, ctx: RoleContext, params: SchedulerParams):
         super().__init__(ctx, params)
@@ -207,20 +218,17 @@ class PSScheduler(PSBase):
     def start(self, tensors: list[TensorSpec]) -> None:
         self.tensors = {t.key: t for t in tensors}
         self.out = {t.key: np.empty(t.numel, dtype=np.float32) for t in tensors}
-        size = self._partition_size()
-        slots = [(t.key, c, n) for t in tensors for c, n in enumerate(chunk_sizes(t.numel, size))]
+        self._partition, self._credit = self.partition_numel(), self.credit_numel()
+        slots = [(t.key, c, n) for t in tensors for c, n in enumerate(chunk_sizes(t.numel, self._partition))]
         self.server_of = assign_servers(slots, len(self.ctx.servers))
         self._connect()
         dispatch = threading.Thread(target=self._dispatch, daemon=True, name="dispatch")
         dispatch.start()
 
-    def _partition_size(self) -> int | None:
-        return self.partition_numel
-
     def push(self, key: int, grad: np.ndarray, it: int) -> None:
         spec = self.tensors[key]
         task = CommTask(key=key, it=it, priority=spec.priority, data=grad.reshape(-1), seq=next(self._seq))
-        parts = task.partition(self._partition_size())
+        parts = task.partition(self._partition)
         with self._cv:
             self._failure.check()
             self._pending[key] = len(parts)
@@ -232,7 +240,7 @@ class PSScheduler(PSBase):
 
     def _dispatch(self) -> None:
         """Move READY tasks to their server in priority order while credit allows."""
-        credit, f = self.credit_numel(), self._failure
+        credit, f = self._credit, self._failure
         while True:
             with self._cv:
                 while not (f.closing or f.failed) and not (
@@ -300,14 +308,19 @@ class KeyState:
 class PushScheduler(PSBase):
     """The server answers each push with the slice's average: no ACK, no PULL, no credit.
     Priority acts twice: the per-server outbox always sends its best (iteration, layer
-    priority, slice) next, and the server orders its sends the same way."""
+    priority, slice) next, and the server orders its sends the same way. A subclass sets
+    `server_mode` and overrides these hooks, each read once in `start`:
 
-    def slice_numel(self) -> int:
-        raise NotImplementedError
+    slice_numel()           elements per slice, the unit of one push and one result. No
+                            default.
+    layout(tensors, sizes)  key -> the server of each of its slices. No default.
+    """
 
-    def layout(self, tensors: list[TensorSpec], sizes: dict[int, list[int]]) -> dict[int, list[int]]:
-        """key -> server of each of its slices."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def slice_numel(self) -> int: ...
+
+    @abc.abstractmethod
+    def layout(self, tensors: list[TensorSpec], sizes: dict[int, list[int]]) -> dict[int, list[int]]: ...
 
     def start(self, tensors: list[TensorSpec]) -> None:
         self.out = {t.key: np.empty(t.numel, dtype=np.float32) for t in tensors}
