@@ -5,18 +5,11 @@ a HELLO that names the server mode the scheduler speaks, a receive thread per se
 `wait`, `close`, and failure handling (the first error is kept, every server is told why,
 and `wait` raises it). Two protocols build on it:
 
-- `PSScheduler` (push, ACK, pull), built around one task abstraction. A `CommTask` (after
-  ByteScheduler's ByteTask) is one tensor's gradient for one iteration, or one partition of
-  it, moving through explicit states:
-
-      POSTED   the whole gradient was handed to push()
-      READY    partitioned, waiting in the priority queue for credit
-      STARTED  pushed to its server (holding credit until the server acknowledges it),
-               then pulled
-      FINISHED the averaged slice is in the result buffer
-
-  A subclass only chooses the partition size, the credit window and the priority order
-  (`fifo`, `bytescheduler`).
+- `PSScheduler` (push, ACK, pull). A gradient is cut into partitions (`CommTask`, after
+  ByteScheduler's ByteTask). Each waits in a priority queue until the credit window has
+  room, is pushed, holds its credit until its server ACKs, and is then pulled; the RESULT
+  lands straight in the output buffer. A subclass chooses the partition size, the credit
+  window and the priority order (`fifo`, `bytescheduler`).
 
 - `PushScheduler` (push, result comes back unasked): every slice goes straight into its
   server's outbox, ordered by (iteration, layer priority, slice), and the server returns
@@ -30,7 +23,6 @@ import heapq
 import itertools
 import threading
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import ClassVar
 
 import numpy as np
@@ -150,39 +142,30 @@ class PSBase(Scheduler):
 
 
 # ====================================================================== push, ACK, pull
-class State(Enum):
-    POSTED = "posted"
-    READY = "ready"
-    STARTED = "started"
-    FINISHED = "finished"
-
-
 @dataclass(eq=False)
 class CommTask:
+    """One partition of one tensor's gradient for one iteration.
+
+    It has no state field: where it is kept says where it is (the priority queue until it
+    is pushed, `_inflight` until its result is in), and the frames that arrive (ACK, RESULT)
+    are the only transitions. ByteScheduler's tasks carry explicit states because its core
+    drives several engines through callbacks; here a state would only mirror those two
+    containers.
+    """
+
     key: int
     it: int
     priority: int
-    data: np.ndarray          # the gradient (or slice of it) to push
+    data: np.ndarray          # the slice of the gradient to push
     chunk: int = 0
     offset: int = 0
-    seq: int = 0              # order in which push() saw it: readiness order
-    state: State = State.POSTED
+    seq: int = 0              # order in which push() saw the gradient: readiness order
     server: int = 0
     order: tuple = field(default=())
 
     @property
     def numel(self) -> int:
         return int(self.data.size)
-
-    def partition(self, size: int | None) -> list["CommTask"]:
-        """Split into tasks of at most `size` elements (None: one task), each READY."""
-        step = size if size else max(self.numel, 1)
-        parts = []
-        for chunk, off in enumerate(range(0, max(self.numel, 1), step)):
-            parts.append(CommTask(key=self.key, it=self.it, priority=self.priority,
-                                  data=self.data[off:off + step], chunk=chunk, offset=off,
-                                  seq=self.seq, state=State.READY))
-        return parts
 
 
 class PSScheduler(PSBase):
@@ -226,35 +209,47 @@ class PSScheduler(PSBase):
         dispatch.start()
 
     def push(self, key: int, grad: np.ndarray, it: int) -> None:
-        spec = self.tensors[key]
-        task = CommTask(key=key, it=it, priority=spec.priority, data=grad.reshape(-1), seq=next(self._seq))
-        parts = task.partition(self._partition)
+        parts = self._partitions(key, grad.reshape(-1), it)
         with self._cv:
             self._failure.check()
             self._pending[key] = len(parts)
             for p in parts:
-                p.server = self.server_of[(p.key, p.chunk)]
-                p.order = self.order(p)
                 heapq.heappush(self._queue, (p.order, p.seq, p.chunk, p))
             self._cv.notify_all()
 
+    def _partitions(self, key: int, flat: np.ndarray, it: int) -> list[CommTask]:
+        """The gradient cut every partition_numel elements, each task with its server and order."""
+        priority, seq = self.tensors[key].priority, next(self._seq)
+        step = self._partition or max(flat.size, 1)
+        parts = []
+        for chunk, off in enumerate(range(0, max(flat.size, 1), step)):
+            task = CommTask(key=key, it=it, priority=priority, data=flat[off:off + step], chunk=chunk,
+                            offset=off, seq=seq, server=self.server_of[(key, chunk)])
+            task.order = self.order(task)
+            parts.append(task)
+        return parts
+
     def _dispatch(self) -> None:
-        """Move READY tasks to their server in priority order while credit allows."""
-        credit, f = self._credit, self._failure
+        """Move queued tasks to their server in priority order while credit allows."""
+        f = self._failure
         while True:
             with self._cv:
-                while not (f.closing or f.failed) and not (
-                        self._queue and (credit is None or self._inflight_numel == 0
-                                         or self._inflight_numel + self._queue[0][3].numel <= credit)):
+                while not (f.closing or f.failed or self._may_send()):
                     self._cv.wait()
                 if f.closing or f.failed:
                     return
                 task: CommTask = heapq.heappop(self._queue)[3]
-                task.state = State.STARTED
                 self._inflight[(task.key, task.chunk, task.it)] = task
                 self._inflight_numel += task.numel
             self.outboxes[task.server].put(task.order, Kind.PUSH, task.key, task.chunk, task.it, task.data,
                                            priority=task.priority)
+
+    def _may_send(self) -> bool:
+        """The best queued task fits the credit window (caller holds self._cv)."""
+        if not self._queue:
+            return False
+        credit, inflight = self._credit, self._inflight_numel
+        return credit is None or inflight == 0 or inflight + self._queue[0][3].numel <= credit
 
     def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
         with self._cv:
@@ -283,7 +278,6 @@ class PSScheduler(PSBase):
 
     def _finish(self, task: CommTask) -> None:
         with self._cv:
-            task.state = State.FINISHED
             task.data = task.data[:0]  # drop the reference to the gradient
             del self._inflight[(task.key, task.chunk, task.it)]
             self._pending[task.key] -= 1
