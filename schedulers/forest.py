@@ -18,12 +18,10 @@ aggregation of later chunks overlaps the broadcast of earlier ones. On a shared 
 frames go by iteration, layer priority (nearest the input first), then how far into its
 tree's slice a chunk is, which interleaves trees in proportion to their slices.
 
-Chunk size (`chunk_numel`, default 16384 floats = 64 KiB). Measured on loopback, two worker
-processes all-reducing 16 MB on this 2-core machine: 150 ms of CPU with 4 KiB chunks, 75 ms
-with 16 KiB, 43 ms with 64 KiB, 32 ms with 256 KiB, i.e. ~29 us per chunk on top of ~36 ms
-for the bytes. 64 KiB keeps the per-chunk cost near 15% of that, while the wait a chunk
-adds per tree level stays 0.5 ms at 1 Gb/s and 5 ms at 100 Mb/s (256 KiB: 21 ms). It is
-also the transport's TCP_NOTSENT_LOWAT, so an urgent frame waits behind about one chunk.
+Chunk size (`chunk_numel`, default 16384 floats = 64 KiB). Every chunk costs a fixed
+amount of Python time on top of its bytes, so small chunks waste CPU; but a chunk is
+forwarded only once all of it is in, so every tree level adds one chunk's transfer time.
+64 KiB adds 0.5 ms per level at 1 Gb/s and 5 ms at 100 Mb/s.
 
 Failure. A connection that breaks, a protocol error, or a peer that said BYE while we still
 need its data makes this worker fail with the reason (naming that peer) and send it as

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_EPSILON = 0.03  # (1 - eps)^3 >= 0.91; planning 8 workers takes ~0.5 s, 32 ~5 s
+DEFAULT_EPSILON = 0.03  # (1 - eps)^3 >= 0.91; a smaller eps plans closer to the optimum, slower
 MIN_FRACTION = 1e-3  # a tree carrying less is not worth its connections and frames; dropped
 
 

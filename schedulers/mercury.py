@@ -13,17 +13,13 @@ pull overlap packet by packet, with no pull request.
 Packets are dealt round-robin over the servers, continuing from one tensor to the next, so
 the load is balanced to within one packet and every layer uses every server link.
 
-Packet size (`packet_bytes`, payload bytes; default 16 KiB, chosen by measurement). Smaller
-packets preempt sooner but cost the server per packet, in Python, in and out:
-bench/bench_transport_loopback.py (`packets`) measured one server process handling 45-90k
-packets/s on this 2-core machine whatever their size, so 2 workers reached 20 / 61 / 93 / 225
-MB/s each with 1 / 4 / 8 / 16 KiB packets. A server on a 1 Gb/s link moves 2 x 119 MB/s:
-14.5k packets/s at 16 KiB, a sixth to a third of its capacity, but 29k at 8 KiB and 58k
-(saturated) at 4 KiB. Going below 16 KiB also buys little: one 16 KiB packet is 1.3 ms at
-100 Mb/s, while the bytes a preempting gradient waits behind are dominated by the kernel's
-bounded send queue (~10 ms of the link, transport.py). So 16 KiB is the smallest packet that
-leaves the server CPU for links up to 1 Gb/s; set it lower for slower links if the
-preemption granularity matters.
+Packet size (`packet_bytes`, payload bytes; default 16 KiB). Smaller packets preempt sooner
+but cost the server per packet, in Python, in and out, whatever their size: the server's
+packet rate, not the bytes, limits it (`bench/bench_transport_loopback.py packets`). Going
+below 16 KiB also buys little: one 16 KiB packet is 1.3 ms at 100 Mb/s, while a preempting
+gradient mostly waits behind the kernel's bounded send queue (~10 ms of the link,
+transport.py). 16 KiB is the smallest packet that leaves the server CPU for links up to
+1 Gb/s; set it lower for slower links if the preemption granularity matters.
 """
 from __future__ import annotations
 

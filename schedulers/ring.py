@@ -14,9 +14,8 @@ and the local gradient is there (a partial sum that arrives before our own push 
 memory). All n segments start at once, every link carries a chunk while the next is being
 added, and later buckets overlap earlier ones, so no link idles while the ring has bytes
 for it. Among queued frames a link sends the oldest iteration, then the earliest bucket,
-then the chunk furthest along its path, which finishes buckets in order. With every
-connection shaped to a fixed rate, an all-reduce takes ~1.03x the bandwidth optimum
-(tests/test_schedulers_collective.py checks < 1.25x).
+then the chunk furthest along its path, which finishes buckets in order
+(tests/test_schedulers_collective.py checks the time against the bandwidth optimum).
 
 `wait` returns a view of the bucket's result buffer: it holds the average until that
 gradient is pushed again (the trainer applies it before the next backward).

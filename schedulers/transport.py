@@ -6,18 +6,15 @@ buffer slice or a pooled array), never through intermediate bytes objects.
 
 Priority only works for bytes that have not been handed to the kernel yet. Left alone, Linux
 lets a socket queue megabytes of unsent data (tcp_wmem autotuning), and a frame that becomes
-urgent waits behind all of it: 0.7-0.8 s (9 MB) at 100 Mb/s in the loopback bench. So every
-connection sets TCP_NOTSENT_LOWAT, and the outbox thread picks the next frame from its heap
-only when poll() says the kernel wants more: a frame queued later with a better order
-overtakes everything not yet picked, and waits behind at most the frame being written plus
-the kernel's bounded queue (10-15 ms at 100 Mb/s with 16 KiB frames).
+urgent waits behind all of it. So every connection sets TCP_NOTSENT_LOWAT, and the outbox
+thread picks the next frame from its heap only when poll() says the kernel wants more: a
+frame queued later with a better order overtakes everything not yet picked, and waits
+behind at most the frame being written plus the kernel's bounded queue.
 
 The bound is kept in time, not bytes: about QUEUE_S of the rate at which the peer takes our
 bytes (from TCP_INFO, see `Connection.retune`). A fixed byte bound is too large for slow
 links (64 KiB is 21 ms at 25 Mb/s) or starves fast ones: the outbox thread competes for the
-GIL and the CPU with training, and at 1 Gb/s with a busy Python thread in the sender, fixed
-64 and 256 KiB bounds kept only 0.2-0.4 of the link where 1 MiB kept 0.6-0.8 (noisy, on a
-loaded 2-core machine). At 100 Mb/s every bound kept the full rate.
+GIL and the CPU with training, and a small queue runs dry whenever the thread is late.
 `bench/bench_transport_loopback.py` measures all of this.
 
 A role that fails tells its peers why with an ABORT frame (best effort, bounded), so an
@@ -204,8 +201,8 @@ class Connection:
         got, n = 0, len(view)
         while got < n:
             try:
-                # MSG_WAITALL: one syscall per payload instead of one per segment (about 30% less
-                # CPU for a 4-worker ring); the loop still covers signals and closes.
+                # MSG_WAITALL: one syscall per payload instead of one per segment; the loop
+                # still covers signals and closes.
                 r = self.sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
             except OSError as e:
                 raise CommError(f"{self.peer}: {e}") from None
