@@ -10,8 +10,9 @@ trees' fractions; a smaller one goes whole to the tree furthest behind its share
 order, so every worker decides alike). Slices are cut into chunks of `chunk_numel`.
 
 Data path, per chunk. Reduce: a worker adds its own gradient and its children's partial
-sums (in place: into the pushed gradient, which the worker hands over, or a received buffer) and passes the sum to its parent the moment the last
-one is in; the root divides by the number of workers. Broadcast: the average goes down the
+sums (in place: into the pushed gradient, which the worker hands over, or a received
+buffer) and passes the sum to its parent the moment the last one is in; the root divides
+by the number of workers. Broadcast: the average goes down the
 tree, each worker keeping a copy and forwarding it to its children as it arrives. All
 trees and all chunks run at once over one connection per pair of tree neighbours, so
 aggregation of later chunks overlaps the broadcast of earlier ones. On a shared link,
@@ -368,7 +369,7 @@ class Forest(Scheduler):
                         self._ended.add(p)
                         self._cv.notify_all()
                     return
-                ch = self._check_frame(conn, p, h)
+                self._check_frame(conn, p, h)
                 data = conn.recv_array(h.nbytes)
                 with self._cv:
                     if h.kind == Kind.PUSH:

@@ -66,7 +66,7 @@ class LinkModel:
         return self.pair_load.shape[0]
 
     @classmethod
-    def from_graph(cls, topology: dict[str, Any], hosts: list[str]) -> "LinkModel":
+    def from_graph(cls, topology: dict[str, Any], hosts: list[str]) -> LinkModel:
         """`topology`: networkx node-link data (`edges="links"`) of a directed capacity graph,
         nodes with kind host|switch; `hosts[i]` is worker i's node."""
         kinds = {n["id"]: n.get("kind", "host") for n in topology["nodes"]}
@@ -84,7 +84,7 @@ class LinkModel:
             if h not in kinds:
                 raise ValueError(f"worker {i}'s host {h!r} is not in the capacity graph")
         links = tuple(sorted(cap))
-        index = {l: k for k, l in enumerate(links)}
+        index = {link: k for k, link in enumerate(links)}
         paths: dict[tuple[str, str], list[int]] = {}
         for src in sorted(set(hosts)):
             prev = _bfs_through_switches(src, out, kinds)
@@ -111,10 +111,10 @@ class LinkModel:
             for i in range(n):
                 for k in paths[(hosts[i], hosts[(i + 1) % n])]:
                     ring_load[k] += 1
-        return cls(links, np.array([cap[l] for l in links]), pair_load, ring_load)
+        return cls(links, np.array([cap[link] for link in links]), pair_load, ring_load)
 
     @classmethod
-    def uniform_star(cls, n: int) -> "LinkModel":
+    def uniform_star(cls, n: int) -> LinkModel:
         """No topology given: n workers, each on its own unit-capacity link to one switch."""
         hosts = [f"worker{i}" for i in range(n)]
         nodes = [{"id": "switch", "kind": "switch"}] + [{"id": h, "kind": "host"} for h in hosts]
@@ -310,7 +310,7 @@ class ForestPlan:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ForestPlan":
+    def from_dict(cls, d: dict[str, Any]) -> ForestPlan:
         def num(x):
             return math.inf if x is None else float(x)
         trees = tuple(Tree(t["root"], tuple(t["parent"]), t["fraction"], num(t["rate_bps"])) for t in d["trees"])
@@ -363,7 +363,7 @@ def plan_forest(topology: dict[str, Any] | None, hosts: list[str],
     candidates = sorted(garg_konemann(model, epsilon))
     y, _ = _restricted_lp(model, candidates)
     y = _shallowest(model, candidates, float(y.sum()))
-    keep = [(t, float(v)) for t, v in zip(candidates, y) if v > MIN_FRACTION * y.sum()]
+    keep = [(t, float(v)) for t, v in zip(candidates, y, strict=True) if v > MIN_FRACTION * y.sum()]
     rate = sum(v for _, v in keep)
     keep.sort(key=lambda tv: (-tv[1], tv[0]))
     root_uses = [0] * n

@@ -16,7 +16,8 @@ from schedulers.mercury import Mercury
 from schedulers.p3 import P3
 from schedulers.ring import Ring
 
-SCHEDULERS: dict[str, type[Scheduler]] = {cls.name: cls for cls in (FIFO, ByteScheduler, P3, Mercury, Ring, Gloo, Forest)}
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    cls.name: cls for cls in (FIFO, ByteScheduler, P3, Mercury, Ring, Gloo, Forest)}
 
 
 def params_models() -> dict[str, type[BaseModel]]:

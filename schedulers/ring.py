@@ -225,7 +225,7 @@ class Ring(Scheduler):
         b = rb.spec.index
         own = [rb.chunks[c] for c in rb.own]
         self.outbox.put_many([((it, b, 0, c), Kind.PUSH, b, c, it, rb.inp[ch.lo:ch.hi], 0, None)
-                              for c, ch in zip(rb.own, own)])
+                              for c, ch in zip(rb.own, own, strict=True)])
         for c, partial in early:
             self._reduce(rb, c, it, partial)
 

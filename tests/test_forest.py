@@ -55,7 +55,7 @@ def two_racks(per_rack, uplink):
 
 
 def endpoints(hosts):
-    return [Endpoint(h, "127.0.0.1", p) for h, p in zip(hosts, free_ports(len(hosts)))]
+    return [Endpoint(h, "127.0.0.1", p) for h, p in zip(hosts, free_ports(len(hosts)), strict=True)]
 
 
 def ctx(rank, eps, topology, timeout=20.0, trace=False):

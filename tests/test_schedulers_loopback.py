@@ -136,7 +136,7 @@ class ProcessPool:
                 [sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         procs = self.procs[:len(specs)]
-        for p, spec in zip(procs, specs):
+        for p, spec in zip(procs, specs, strict=True):
             p.stdin.write(json.dumps(spec) + "\n")
             p.stdin.flush()
         deadline = time.monotonic() + timeout_s
@@ -148,7 +148,7 @@ class ProcessPool:
                 self.close()
                 return answers + [f"worker {rank} hung or died (exit status {p.poll()})"]
             answers.append(json.loads(line)["error"])
-        for p, error in zip(procs, answers):
+        for p, error in zip(procs, answers, strict=True):
             if error is not None:  # a failed job may leave torch.distributed state behind
                 p.kill()
                 p.wait()
