@@ -23,8 +23,8 @@ class BucketParams(SchedulerParams):
     """The bucket caps (DDP's defaults). Bucketing collectives run among the workers alone."""
 
     requires_servers: ClassVar[bool] = False
-    bucket_mb: float = Field(default=25.0, gt=0, description="bucket cap in MiB (DDP's bucket_cap_mb)")
-    first_bucket_mb: float = Field(default=1.0, gt=0, description="cap of the first bucket in MiB (DDP)")
+    bucket_mb: float = Field(default=25.0, gt=0, le=1_048_576, description="bucket cap in MiB (DDP's bucket_cap_mb)")
+    first_bucket_mb: float = Field(default=1.0, gt=0, le=1_048_576, description="cap of the first bucket in MiB (DDP)")
 
 
 @dataclass

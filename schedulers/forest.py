@@ -49,7 +49,7 @@ from schedulers.transport import Connection, Kind, Outbox, connect, listen
 
 class ForestParams(SchedulerParams):
     requires_servers: ClassVar[bool] = False
-    chunk_numel: int = Field(default=16_384, gt=0,
+    chunk_numel: int = Field(default=16_384, gt=0, le=16_777_216,
                              description="floats per chunk (64 KiB; see the module docstring)")
     epsilon: float = Field(default=DEFAULT_EPSILON, gt=0, lt=0.5,
                            description="Garg-Konemann accuracy: plan rate >= (1-eps)^3 of the optimum")

@@ -31,7 +31,7 @@ from schedulers.transport import Mode
 
 
 class MercuryParams(SchedulerParams):
-    packet_bytes: int = Field(default=16384, ge=4, multiple_of=4,
+    packet_bytes: int = Field(default=16384, ge=4, le=67_108_864, multiple_of=4,
                               description="payload bytes per packet (a multiple of 4: float32)")
 
 

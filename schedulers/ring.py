@@ -40,7 +40,7 @@ from schedulers.transport import Connection, Kind, Outbox, connect, listen
 
 
 class RingParams(BucketParams):
-    chunk_kb: int = Field(default=256, gt=0, description="KiB per frame passed around the ring")
+    chunk_kb: int = Field(default=256, gt=0, le=1_048_576, description="KiB per frame passed around the ring")
 
 
 # ---------------------------------------------------------------------------- ring state

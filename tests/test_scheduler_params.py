@@ -1,0 +1,26 @@
+"""Scheduler tunables have the ranges the code can act on: a hostile value is refused by
+validation instead of overflowing in a worker (int(bucket_mb * MiB), timedelta(timeout_s))."""
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from schedulers.registry import params_models
+
+HOSTILE = [
+    ("ring", "bucket_mb", 1e305), ("gloo", "first_bucket_mb", 1e305), ("gloo", "timeout_s", 1e300),
+    ("ring", "chunk_kb", 2**40), ("mercury", "packet_bytes", 2**40), ("forest", "chunk_numel", 2**40),
+    ("ring", "bucket_mb", float("inf")),
+]
+
+
+@pytest.mark.parametrize(("scheduler", "key", "value"), HOSTILE)
+def test_hostile_tunables_are_refused(scheduler, key, value):
+    with pytest.raises(ValidationError) as e:
+        params_models()[scheduler].model_validate({key: value})
+    assert e.value.errors()[0]["loc"] == (key,)
+
+
+def test_paper_defaults_are_within_range():
+    for name, model in params_models().items():
+        model.model_validate({})  # the defaults themselves are valid
