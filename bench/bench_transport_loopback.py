@@ -21,7 +21,6 @@ Everything runs on 127.0.0.1 and takes about a minute (--quick: a third of that)
 """
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import socket
@@ -37,6 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from contracts.role_spec import Address, role_specs  # noqa: E402
 from schedulers import registry  # noqa: E402
 from schedulers.base import Endpoint, RoleContext, TensorSpec  # noqa: E402
 from schedulers.transport import AUTO, Connection, Kind, Outbox  # noqa: E402
@@ -223,12 +223,12 @@ def packets(quick: bool) -> None:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0))
                     port = s.getsockname()[1]
-                spec = {"rank": 0, "servers": [{"host": "lo", "ip": "127.0.0.1", "port": port}],
-                        "workers": [{"host": "lo", "ip": "127.0.0.1", "port": 0}] * workers,
-                        "scheduler": {"name": "mercury", "params": {"packet_bytes": packet}},
-                        "connect_timeout_s": 20}
+                server_spec = role_specs([Address(host="lo", ip="127.0.0.1", port=port)],
+                                         [Address(host="lo", ip="127.0.0.1", port=0)] * workers, seed=0,
+                                         scheduler="mercury", params={"packet_bytes": packet}, workload={},
+                                         out_dir=tmp, connect_timeout_s=20, iface="lo")[0]
                 path = Path(tmp) / "server.json"
-                path.write_text(json.dumps(spec))
+                path.write_text(server_spec.to_json())
                 server = subprocess.Popen([sys.executable, "-m", "schedulers.server", str(path)], cwd=REPO,
                                           stderr=subprocess.DEVNULL)
                 q = mpc.Queue()
