@@ -6,7 +6,7 @@ it, so a bad input, however large, nested, aliased or binary, costs well under a
 few tens of MB and ends in one `InputError` line, never a traceback, a hang or gigabytes:
 
 - a file is read only if it is a regular file, and at most limit + 1 bytes of it are read
-  (a FIFO, /dev/zero or a directory is refused without reading it);
+  (a FIFO, /dev/zero or a directory is refused without reading it; contracts/bounded_file.py);
 - YAML is composed by PyYAML's composer with two counters: nesting depth (PyYAML composes
   recursively, so a deep file would otherwise end in a RecursionError) and the number of
   nodes once aliases are expanded (counted per anchor, so a billion-leaf alias bomb of a few
@@ -19,14 +19,14 @@ Parsing a config never depends on the machine: these checks look at the input on
 from __future__ import annotations
 
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import ScalarNode
+
+from contracts import bounded_file
 
 # A config is a few KB (the largest shipped one is 2 KB; a 1,000-host graph topology is 70 KB).
 MAX_FILE_BYTES = 1 << 20
@@ -63,46 +63,24 @@ def shown(path: Path | str) -> str:
 
 
 def read_bounded(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file `path`, refused if it is larger than `limit`.
+    """The bytes of the regular file `path`, refused if it is larger than `limit`
+    (contracts/bounded_file.py: never opens anything but a regular file, never reads more
+    than limit + 1 bytes)."""
+    try:
+        return bounded_file.read(path, limit)
+    except bounded_file.Refused as e:
+        raise InputError(shown(path), _refusal(e, limit)) from None
 
-    Never opens anything but a regular file (opening a FIFO blocks until a writer comes;
-    /dev/zero never ends), and never reads more than limit + 1 bytes."""
-    where = shown(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InputError(where, "no such file") from None
-    except ValueError as e:  # a NUL byte in the path
-        raise InputError(where, f"not a valid path ({e})") from None
-    except OSError as e:
-        raise InputError(where, f"cannot read ({e.strerror or e})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(where, "is a directory, not a file")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(where, "not a regular file (a device, FIFO or socket)")
-    if st.st_size > limit:
-        raise InputError(where, f"{st.st_size} bytes, more than the limit of {_size(limit)}")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as e:
-        raise InputError(where, f"cannot read ({e.strerror or e})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced since the stat above
-            raise InputError(where, "not a regular file (a device, FIFO or socket)")
-        chunks, n = [], 0
-        while n <= limit:
-            chunk = os.read(fd, min(1 << 16, limit + 1 - n))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            n += len(chunk)
-    except OSError as e:
-        raise InputError(where, f"cannot read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-    if n > limit:  # it grew after the stat
-        raise InputError(where, f"more than the limit of {_size(limit)}")
-    return b"".join(chunks)
+
+def _refusal(e: bounded_file.Refused, limit: int) -> str:
+    if e.kind == bounded_file.TOO_LARGE:
+        return (f"{e.size} bytes, more than the limit of {_size(limit)}" if e.size is not None
+                else f"more than the limit of {_size(limit)}")
+    return {bounded_file.MISSING: "no such file",
+            bounded_file.BAD_PATH: f"not a valid path ({e.detail})",
+            bounded_file.UNREADABLE: f"cannot read ({e.detail})",
+            bounded_file.DIRECTORY: "is a directory, not a file",
+            bounded_file.NOT_REGULAR: "not a regular file (a device, FIFO or socket)"}[e.kind]
 
 
 def _size(n: int) -> str:

@@ -4,6 +4,7 @@ that match the zoo."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -34,12 +35,12 @@ def synthetic_profile(layers, model="cnn", preset="tiny", batch_size=32, lead=0.
     """layers: [(forward_s, [(numel, backward_s), ...]), ...] in forward order; backward
     produces the last layer's tensors first."""
     keys, out_layers, key = [], [], 0
-    for i, (_, tensors) in enumerate(layers):
+    for _, tensors in layers:
         keys.append(list(range(key, key + len(tensors))))
         key += len(tensors)
     tensors = []
     for i in reversed(range(len(layers))):
-        for k, (numel, gap) in zip(keys[i], layers[i][1]):
+        for k, (numel, gap) in zip(keys[i], layers[i][1], strict=True):
             tensors.append(profile_file.Tensor(key=k, name=f"l{i}.t{k}", shape=[numel], numel=numel, layer=i,
                                                backward_s=gap))
     for i, (fwd, ts) in enumerate(layers):
@@ -241,6 +242,36 @@ def test_default_profile_hint(tmp_path, monkeypatch):
 def test_good_replay_workload_validates():
     exp = validate_experiment(experiment(compute="replay", model="vgg", preset="paper", speedup=20), _sections())
     assert exp.workload["compute"] == "replay" and exp.workload["speedup"] == 20
+
+
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda p: p.write_text('{"forward_lead_s": Infinity}'),
+     "cannot be read: Infinity is not a number a profile can hold"),
+    (lambda p: p.write_text('{"forward_lead_s": NaN}'), "cannot be read: NaN is not a number a profile can hold"),
+    (lambda p: profile_file.save(ODD, p) or p.write_text(p.read_text().replace('"forward_lead_s": 0.0',
+                                                                               '"forward_lead_s": 1e999')),
+     "is not a valid profile (forward_lead_s: Input should be a finite number)"),
+    (lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "cannot be read: JSON nested too deeply"),
+    (lambda p: p.write_text("[" + "0," * (3 << 20) + "0]"), "has 6291459 bytes; a profile has at most 4194304"),
+    (lambda p: p.write_bytes(bytes(range(128, 256))), "is not UTF-8 text (byte 0x80 at offset 0; a binary file?)"),
+    (_fifo, "is not a regular file"),
+    (lambda p: p.mkdir(), "is not a regular file"),
+], ids=["Infinity", "NaN", "1e999", "deep", "huge", "binary", "FIFO", "directory"])
+def test_the_one_profile_loader_is_bounded_and_finite(tmp_path, make, message):
+    """profile_file.load is what the config check and the replay worker both read through, so
+    the worker meets the same limits: nothing but a regular file within MAX_PROFILE_BYTES,
+    finite numbers only."""
+    path = tmp_path / "p.json"
+    make(path)
+    with pytest.raises(profile_file.ProfileError) as e:
+        profile_file.load(path)
+    assert str(e.value) == f"{path} {message}"
+    assert error(compute="replay", profile=str(path)) == f"workload.profile: {path} {message}"
 
 
 # ----------------------------------------------------------------------------- committed profiles

@@ -6,9 +6,6 @@ profile stops the run before anything starts.
 """
 from __future__ import annotations
 
-import json
-import os
-import stat
 from pathlib import Path
 from typing import Literal
 
@@ -19,8 +16,6 @@ from workloads import profile_file
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
 
-# The largest committed profile (profiles/resnet-small.json) is 43 KB.
-MAX_PROFILE_BYTES = 4 << 20
 # Each iteration's record stays in the worker's memory until the run ends.
 MAX_ITERATIONS = 1_000_000
 # Per worker and step; large-batch ImageNet training went to 64k for a whole cluster.
@@ -76,7 +71,7 @@ class WorkloadConfig(BaseModel):
         return p if p.is_absolute() else REPO / p
 
     @model_validator(mode="after")
-    def _consistent(self) -> "WorkloadConfig":
+    def _consistent(self) -> WorkloadConfig:
         kind, presets = MODELS[self.model]
         if self.preset not in presets:
             raise ValueError(f"workload.preset: model {self.model!r} has no preset {self.preset!r} "
@@ -92,7 +87,6 @@ class WorkloadConfig(BaseModel):
             if self.speedup < MIN_SPEEDUP:
                 raise ValueError(f"workload.speedup: must be >= {MIN_SPEEDUP:g}")
             try:
-                _precheck(self.profile_path)
                 profile_file.check(self.profile_path, self.model, self.preset, self.batch_size)
             except profile_file.ProfileError as e:
                 shown = str(e).replace(str(REPO) + "/", "")
@@ -101,60 +95,3 @@ class WorkloadConfig(BaseModel):
                 raise ValueError(f"workload.profile: {shown}{hint}") from None
         return self
 
-
-def _p(path: Path) -> str:
-    text = str(path)
-    return text if len(text) <= 120 else text[:50] + "..." + text[-50:]
-
-
-def _precheck(path: Path) -> None:
-    """What profile_file.load would choke on, refused first: anything but a regular file (a
-    FIFO would block, /dev/zero never ends), a file beyond MAX_PROFILE_BYTES, JSON nested
-    beyond the parser's recursion, NaN or Infinity. Existence is left to load ("not found")."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return  # load says "not found"
-    except ValueError as e:
-        raise profile_file.ProfileError(f"{_p(path)} is not a valid path ({e})") from None
-    except OSError as e:
-        raise profile_file.ProfileError(f"{_p(path)} cannot be read: {e.strerror or e}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise profile_file.ProfileError(f"{_p(path)} is not a regular file")
-    if st.st_size > MAX_PROFILE_BYTES:
-        raise profile_file.ProfileError(f"{_p(path)} has {st.st_size} bytes; a profile has at most {MAX_PROFILE_BYTES}")
-    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    if key in _CHECKED:
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise profile_file.ProfileError(f"{_p(path)} is not a regular file")
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read(MAX_PROFILE_BYTES + 1)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise profile_file.ProfileError(f"{_p(path)} cannot be read: {e.strerror or e}") from None
-    if len(data) > MAX_PROFILE_BYTES:
-        raise profile_file.ProfileError(f"{_p(path)} has more than {MAX_PROFILE_BYTES} bytes")
-
-    def no_constant(name: str):
-        raise ValueError(f"{name} is not a number a profile can hold")
-
-    try:
-        json.loads(data.decode("utf-8"), parse_constant=no_constant)
-    except UnicodeDecodeError as e:
-        raise profile_file.ProfileError(f"{_p(path)} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                                        f"{e.start}; a binary file?)") from None
-    except RecursionError:
-        raise profile_file.ProfileError(f"{_p(path)} cannot be read: JSON nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError included
-        raise profile_file.ProfileError(f"{_p(path)} cannot be read: {str(e)[:200]}") from None
-    if len(_CHECKED) >= 64:
-        _CHECKED.clear()
-    _CHECKED.add(key)
-
-
-_CHECKED: set[tuple] = set()  # files that passed, by identity: a sweep validates each experiment

@@ -1,7 +1,7 @@
 """The profile file: one model's compute, layer by layer, as replay mode plays it back.
 
-Written by workloads/profile.py (`./inv profile`), read by workloads/replay.py, and checked
-by the config validator before a run starts; so it is plain pydantic, no torch.
+Written by workloads/profile.py (`./inv profile`), read by `load` both when the config is
+checked before a run starts and by the replay worker; so it is plain pydantic, no torch.
 
 A *layer* is where the worker blocks on `Scheduler.wait`: the module whose forward
 pre-hook first needs a group of parameters (see trainer.py). Times are medians over the
@@ -25,11 +25,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from contracts import bounded_file
+
 FORMAT = 1
+# The largest committed profile (profiles/resnet-small.json) is 43 KB.
+MAX_PROFILE_BYTES = 4 << 20
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Device(_Strict):
@@ -76,7 +80,7 @@ class Profile(_Strict):
     bench: dict[str, Any] = Field(default_factory=dict, description="figures added by bench/bench_workloads.py")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Profile":
+    def _consistent(self) -> Profile:
         keys = sorted(t.key for t in self.tensors)
         if keys != list(range(len(self.tensors))):
             raise ValueError("tensor keys must be 0..n-1, each once")
@@ -109,13 +113,48 @@ class ProfileError(ValueError):
     """The profile is missing, unreadable, or not for this workload; the text says which."""
 
 
-def load(path: Path) -> Profile:
-    if not path.is_file():
-        raise ProfileError(f"{path} not found")
+def _p(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else text[:50] + "..." + text[-50:]
+
+
+def _read(path: Path) -> bytes:
     try:
-        return Profile.model_validate(json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ProfileError(f"{path} cannot be read: {e}") from None
+        return bounded_file.read(path, MAX_PROFILE_BYTES)
+    except bounded_file.Refused as e:
+        if e.kind == bounded_file.MISSING:
+            raise ProfileError(f"{path} not found") from None
+        if e.kind == bounded_file.TOO_LARGE:
+            raise ProfileError(f"{_p(path)} has {e.size} bytes; a profile has at most {MAX_PROFILE_BYTES}"
+                               if e.size is not None else
+                               f"{_p(path)} has more than {MAX_PROFILE_BYTES} bytes") from None
+        if e.kind == bounded_file.BAD_PATH:
+            raise ProfileError(f"{_p(path)} is not a valid path ({e.detail})") from None
+        if e.kind == bounded_file.UNREADABLE:
+            raise ProfileError(f"{_p(path)} cannot be read: {e.detail}") from None
+        raise ProfileError(f"{_p(path)} is not a regular file") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a profile can hold")
+
+
+def load(path: Path) -> Profile:
+    """The profile at `path`. Read within MAX_PROFILE_BYTES from a regular file only, and
+    NaN or Infinity refused: the config check before a run and the replay worker during it
+    read through here, so what passed the check is what is replayed."""
+    data = _read(path)
+    try:
+        raw = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{_p(path)} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                           f"{e.start}; a binary file?)") from None
+    except RecursionError:
+        raise ProfileError(f"{_p(path)} cannot be read: JSON nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError included
+        raise ProfileError(f"{_p(path)} cannot be read: {str(e)[:200]}") from None
+    try:
+        return Profile.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
