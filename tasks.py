@@ -54,7 +54,8 @@ def _add_bounds(sweep_dir: Path) -> None:
 
 def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None):
     """Validate, run and report a config; returns its plan."""
-    from emu.config import ConfigError, load_plan
+    from emu.config import ConfigError
+    from emu.plan import load_plan
 
     try:
         plan = load_plan(config, _sections(), overrides)

@@ -11,7 +11,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from emu.cleanup import StateDir, clean
-from emu.config import Plan
+from emu.plan import Plan
 from emu.results import completed
 from emu.runner import run_one, terminate_as_interrupt
 
@@ -50,8 +50,8 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
     sweep_dir = results_root / plan.name
     done = set() if force else completed(sweep_dir)
     points = plan.points or [{} for _ in plan.experiments]
-    todo = shard_of(unique_runs([(e, r, p) for e, p in zip(plan.experiments, points) for r in range(plan.repeats)]),
-                    shard)
+    todo = shard_of(unique_runs([(e, r, p) for e, p in zip(plan.experiments, points, strict=True)
+                                 for r in range(plan.repeats)]), shard)
     pending = sum(1 for e, r, _ in todo if e.run_id(r) not in done)
     rows: list[dict] = []
     old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)

@@ -12,7 +12,8 @@ import time
 import pytest
 import yaml
 
-from emu.config import ConfigError, load_plan, set_dotted
+from emu.config import ConfigError
+from emu.plan import load_plan, set_dotted
 from schedulers import registry
 from tasks import _sections
 from tests.conftest import REPO, invoke

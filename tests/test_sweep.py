@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from emu.config import ConfigError, load_plan
+from emu.config import ConfigError
+from emu.plan import load_plan
 from emu.results import merge, record_run
 from emu.sweep import shard_of, unique_runs
 from tasks import _sections
-from tests.conftest import REPO, invoke, invoke_popen, needs_root
+from tests.conftest import invoke, invoke_popen, needs_root
 from tests.test_config import GOOD
 
 
@@ -101,7 +102,7 @@ def test_grid_points_that_are_one_experiment_run_once(tmp_path, capsys):
     """fifo ignores mercury's packet size, so a grid over both has 3 experiments, not 4."""
     plan = load_plan(write(tmp_path / "g.yaml", {**GOOD, "grid": {
         "scheduler": ["fifo", "mercury"], "schedulers.mercury.packet_bytes": [4096, 16384]}}), _sections())
-    todo = [(e, 0, p) for e, p in zip(plan.experiments, plan.points)]
+    todo = [(e, 0, p) for e, p in zip(plan.experiments, plan.points, strict=True)]
     kept = unique_runs(todo)
     assert [(e.scheduler, e.scheduler_params) for e, _, _ in kept] == [
         ("fifo", {}), ("mercury", {"packet_bytes": 4096}), ("mercury", {"packet_bytes": 16384})]
