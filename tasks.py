@@ -53,12 +53,14 @@ def _add_bounds(sweep_dir: Path) -> None:
 
 
 def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None):
-    """Validate, run and report a config; returns its plan."""
+    """Validate, check against this machine, run and report a config; returns its plan."""
+    from emu import preflight
     from emu.config import ConfigError
     from emu.plan import load_plan
 
     try:
         plan = load_plan(config, _sections(), overrides)
+        preflight.check(plan)
         shard_ = _parse_shard(shard)
     except ConfigError as e:
         raise Exit(f"error: {e}", code=2) from None

@@ -239,6 +239,9 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
     - `seeds`: a list of seeds (a grid over `seed`);
     - `repeats`: how often each point runs (default 1); each repeat has its own run_id.
     `overrides` (`key=value`, from --set) apply to the experiment before the grid.
+
+    Parsing looks at the input only, never at the machine: what this kernel can emulate is
+    checked afterwards, by emu/preflight.py.
     """
     path = Path(path)
     raw = read_yaml(path)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from emu import preflight
 from emu.cleanup import StateDir, clean
 from emu.plan import Plan
 from emu.results import completed
@@ -47,6 +48,9 @@ def unique_runs(todo: list) -> list:
 
 def run_plan(plan: Plan, results_root: Path, force: bool = False,
              shard: tuple[int, int] | None = None) -> list[dict]:
+    """Run the plan's experiments (this shard's), each repeat once; a ConfigError if this
+    machine cannot emulate the plan (emu/preflight.py), before anything is created."""
+    preflight.check(plan)
     sweep_dir = results_root / plan.name
     done = set() if force else completed(sweep_dir)
     points = plan.points or [{} for _ in plan.experiments]

@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import copy
 import os
+import platform
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 import yaml
+from invoke import Exit
 
+from emu import capabilities, preflight
 from emu.config import ConfigError
 from emu.plan import load_plan, set_dotted
 from schedulers import registry
@@ -160,10 +164,99 @@ def test_congestion_control_defaults_to_cubic_and_must_exist(tmp_path):
     assert exp.tcp.congestion_control == "cubic" and exp.resolved()["tcp"] == {"congestion_control": "cubic"}
     reno = load_plan(write(tmp_path, variant("tcp.congestion_control", "reno")), _sections()).experiments[0]
     assert reno.run_id(0) != exp.run_id(0)
+    preflight.check(load_plan(write(tmp_path, variant("tcp.congestion_control", "reno")), _sections()))
     with pytest.raises(ConfigError) as e:
-        load_plan(write(tmp_path, variant("tcp.congestion_control", "nosuchcc")), _sections())
+        preflight.check(load_plan(write(tmp_path, variant("tcp.congestion_control", "nosuchcc")), _sections()))
     assert str(e.value).startswith("tcp.congestion_control: 'nosuchcc' is not available in this kernel ("), e.value
     assert "cubic" in str(e.value)
+
+
+# ---------------------------------------------------------------------------- preflight
+# Parsing looks at the config only; what this machine can emulate is emu/preflight.py's.
+
+NEEDY = {**GOOD, "tcp": {"congestion_control": "nosuchcc"}, "host_cpu": {"w0": 0.5},
+         "topology": {**GOOD["topology"], "delay_ms": 5}}
+
+
+def _no_machine(monkeypatch):
+    """Every probe of the machine fails the test if called."""
+    for name in ("tcp_congestion_controls", "cgroup_controllers", "has_qdisc", "qdiscs"):
+        monkeypatch.setattr(capabilities, name, lambda *a, _n=name: pytest.fail(f"parsing called capabilities.{_n}"))
+
+
+def test_parsing_is_machine_independent_and_preflight_refuses(tmp_path, monkeypatch):
+    """A config asking for a congestion control this kernel lacks (and netem, and the cpu
+    controller) parses without looking at the machine; preflight then refuses it."""
+    path = write(tmp_path, NEEDY)
+    with monkeypatch.context() as m:
+        _no_machine(m)
+        plan = load_plan(path, _sections())
+    assert plan.experiments[0].tcp.congestion_control == "nosuchcc"
+    assert plan.experiments[0].run_id(0) == load_plan(path, _sections()).experiments[0].run_id(0)
+    with pytest.raises(ConfigError) as e:
+        preflight.check(plan)
+    assert str(e.value) == (f"tcp.congestion_control: 'nosuchcc' is not available in this kernel "
+                            f"({platform.release()}); it has: {', '.join(capabilities.tcp_congestion_controls())}")
+
+
+def _machine(monkeypatch, cc=("reno", "cubic"), cgroups=("cpu",), netem=True):
+    calls = Counter()
+
+    def probe(name, value):
+        def f(*_):
+            calls[name] += 1
+            return value
+        return f
+    monkeypatch.setattr(capabilities, "tcp_congestion_controls", probe("cc", list(cc)))
+    monkeypatch.setattr(capabilities, "cgroup_controllers", probe("cgroup", {c: "v1" for c in cgroups}))
+    monkeypatch.setattr(capabilities, "has_qdisc", probe("netem", netem))
+    return calls
+
+
+def test_preflight_names_what_is_missing_and_the_grid_point(tmp_path, monkeypatch):
+    release = platform.release()
+    plan = load_plan(write(tmp_path, {**NEEDY, "tcp": {}, "grid": {"tcp.congestion_control": ["reno", "bbr"]}}),
+                     _sections())
+    _machine(monkeypatch)
+    with pytest.raises(ConfigError) as e:
+        preflight.check(plan)
+    assert str(e.value) == (f"tcp.congestion_control: 'bbr' is not available in this kernel ({release}); it has: "
+                            f"reno, cubic (grid point tcp.congestion_control='bbr')")
+    _machine(monkeypatch, cgroups=("memory",))
+    with pytest.raises(ConfigError) as e:
+        preflight.check(plan.experiments[:1])  # a list of experiments: no grid point to name
+    assert str(e.value) == "host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
+    _machine(monkeypatch, netem=None)  # unknown counts as absent
+    with pytest.raises(ConfigError) as e:
+        preflight.check(plan.experiments[:1])
+    assert str(e.value) == (f"topology: link ps-s1 asks for delay_ms/loss_pct, which needs the netem qdisc "
+                            f"(CONFIG_NET_SCH_NETEM); this kernel ({release}) has none")
+
+
+def test_preflight_probes_each_need_once_per_plan(tmp_path, monkeypatch):
+    plan = load_plan(write(tmp_path, {**NEEDY, "tcp": {}, "seeds": list(range(10)),
+                                      "grid": {"tcp.congestion_control": ["reno", "cubic"]}}), _sections())
+    assert len(plan.experiments) == 20
+    calls = _machine(monkeypatch)
+    preflight.check(plan)
+    assert calls == {"cc": 1, "cgroup": 1, "netem": 1}
+    calls = _machine(monkeypatch)
+    preflight.check(load_plan(write(tmp_path, GOOD), _sections()))
+    assert calls == {"cc": 1}, "no host_cpu and no delay: the cgroup and netem probes are not needed"
+
+
+def test_cli_refuses_what_this_machine_lacks_before_anything(tmp_path, monkeypatch):
+    """`run` checks the machine right after parsing: one line, exit 2, before root is even asked for."""
+    import tasks
+
+    monkeypatch.setattr(tasks, "_need_root", lambda what: pytest.fail("got past preflight"))
+    results = tmp_path / "results"
+    with pytest.raises(Exit) as e:
+        tasks._run_config(str(write(tmp_path, variant("tcp.congestion_control", "nosuchcc"))), [], str(results),
+                          False)
+    assert e.value.code == 2
+    assert e.value.message.startswith("error: tcp.congestion_control: 'nosuchcc' is not available in this kernel")
+    assert not results.exists()
 
 
 

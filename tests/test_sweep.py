@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from emu import sweep as sweep_module
 from emu.config import ConfigError
 from emu.plan import load_plan
 from emu.results import merge, record_run
@@ -107,6 +108,17 @@ def test_grid_points_that_are_one_experiment_run_once(tmp_path, capsys):
     assert [(e.scheduler, e.scheduler_params) for e, _, _ in kept] == [
         ("fifo", {}), ("mercury", {"packet_bytes": 4096}), ("mercury", {"packet_bytes": 16384})]
     assert "the same experiment as" in capsys.readouterr().err
+
+
+def test_run_plan_checks_the_machine_before_anything(tmp_path, monkeypatch):
+    """Library users of run_plan get preflight too: a plan this kernel cannot run is refused
+    before cleanup, the state directory or any run."""
+    plan = load_plan(write(tmp_path / "c.yaml", {**GOOD, "tcp": {"congestion_control": "nosuchcc"}}), _sections())
+    for name in ("completed", "clean", "StateDir", "run_one"):
+        monkeypatch.setattr(sweep_module, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} before preflight"))
+    with pytest.raises(ConfigError, match=r"^tcp\.congestion_control: 'nosuchcc' is not available in this kernel"):
+        sweep_module.run_plan(plan, tmp_path / "results")
+    assert not (tmp_path / "results").exists()
 
 
 def test_shards_are_disjoint_and_complete():

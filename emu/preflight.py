@@ -1,0 +1,78 @@
+"""Preflight: can this machine emulate what a parsed plan asks for?
+
+Parsing (emu/plan.py, emu/config.py) looks at the config only, so a config has one meaning
+and one set of run ids on every machine, and a plan made on a laptop can be checked, sharded
+and merged anywhere. What the kernel offers is checked here, as a separate step after parsing
+and still before anything is created: the congestion control of `tcp:`, the netem qdisc for
+links with delay_ms or loss_pct, and the cgroup cpu controller for `host_cpu`. Each probe
+runs at most once per check, however many experiments share the need.
+"""
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable
+from typing import Any
+
+from emu import capabilities
+from emu.config import ConfigError, Experiment
+from emu.plan import Plan, at_point
+
+
+class _Machine:
+    """The probes of one check, each run on first need."""
+
+    def __init__(self) -> None:
+        self._cc: list[str] | None = None
+        self._cpu: bool | None = None
+        self._netem: bool | None = None
+
+    def congestion_controls(self) -> list[str]:
+        if self._cc is None:
+            self._cc = capabilities.tcp_congestion_controls()
+        return self._cc
+
+    def cpu_controller(self) -> bool:
+        if self._cpu is None:
+            self._cpu = "cpu" in capabilities.cgroup_controllers()
+        return self._cpu
+
+    def netem(self) -> bool:
+        if self._netem is None:  # unknown (not root, no /proc/config.gz) counts as absent
+            self._netem = bool(capabilities.has_qdisc("netem"))
+        return self._netem
+
+
+def _refusal(exp: Experiment, machine: _Machine, cleared: set[str]) -> str | None:
+    """Why this machine cannot run `exp` (the first reason), or None. `cleared`: congestion
+    controls already found available in this check."""
+    cc = exp.tcp.congestion_control
+    if cc not in cleared:
+        have = machine.congestion_controls()
+        if have and cc not in have:  # nothing listed: /proc unreadable, so not known to be missing
+            return (f"tcp.congestion_control: {cc!r} is not available in this kernel ({platform.release()}); "
+                    f"it has: {', '.join(have)}")
+        cleared.add(cc)
+    if exp.host_cpu and not machine.cpu_controller():
+        return "host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
+    netem = exp.net.needs_netem()
+    if netem and not machine.netem():
+        ln = exp.net.links[netem[0]]
+        return (f"topology: link {ln.a}-{ln.b} asks for delay_ms/loss_pct, which needs the netem "
+                f"qdisc (CONFIG_NET_SCH_NETEM); this kernel ({platform.release()}) has none")
+    return None
+
+
+def check(plan: Plan | Iterable[Experiment]) -> None:
+    """Refuse, with one `ConfigError` line naming the field (and the grid point), the first
+    experiment of `plan` that this machine cannot emulate."""
+    if isinstance(plan, Plan):
+        experiments: list[Experiment] = plan.experiments
+        points: list[dict[str, Any]] = plan.points or [{} for _ in experiments]
+    else:
+        experiments = list(plan)
+        points = [{} for _ in experiments]
+    machine, cleared = _Machine(), set()
+    for exp, point in zip(experiments, points, strict=True):
+        reason = _refusal(exp, machine, cleared)
+        if reason is not None:
+            raise at_point(ConfigError(reason), point)
