@@ -23,8 +23,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from analysis.speedup import METHOD, iteration_times, load_comparison, speedups  # noqa: E402
-from analysis.tables import (NoResults, key_label, load_events, load_iterations, load_links,  # noqa: E402
-                             load_runs, swept_keys)
+from analysis.tables import NoResults, key_label, load_events, load_iterations, load_links, load_runs, swept_keys  # noqa: E402
 from contracts.iterations import measured  # noqa: E402
 
 # Fixed colours: a scheduler looks the same in every figure of every report.

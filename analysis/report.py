@@ -189,7 +189,8 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "
     md += ["## Summary", "", md_table(summary(runs, iters, baseline)), "",
            "Iteration time: geometric mean of the runs' median iteration times, or the median of pooled "
            "iterations (see Setup). Blocked on gradients: median time a worker waited for aggregates, as a "
-           "share of the median iteration. Efficiency: analytic lower bound / measured median (1 = as fast as possible).", ""]
+           "share of the median iteration. Efficiency: analytic lower bound / measured median "
+           "(1 = as fast as possible).", ""]
     md += ["## Figures", ""]
     for stem, heading, fn, caption in FIGURES:
         md += [f"### {heading}", ""]

@@ -28,7 +28,6 @@ sys.path.insert(0, str(REPO))
 
 from schedulers.transport import Connection, Kind, Outbox, connect, listen  # noqa: E402
 
-
 # ---------------------------------------------------------------------------- peers (run inside hosts)
 
 def peer_recv(port: int, total: int, frame: int, out: Path) -> None:

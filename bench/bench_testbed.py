@@ -72,7 +72,7 @@ def step_response(state: StateDir, logs: Path) -> None:
             rates = {("a", "s1"): before * 1e6}
             mon = Monitor({"a->s1": tb.counter("a", "s1")}, {}, rates, interval_s=0.01).start()
 
-            def change():
+            def change(tb=tb, after=after, rates=rates, mon=mon):  # bound now: joined within this iteration
                 time.sleep(2.0)
                 tb.set_rate(("a", "s1"), after * 1e6)
                 rates[("a", "s1")] = after * 1e6

@@ -44,7 +44,7 @@ def bench_one(model: str, preset: str, reprofile: bool, tmp: Path) -> dict:
                       "speedup": 20.0 if paper else 1.0}, tmp / f"{model}-{preset}-replay", timeout_s=600)[0]
     real_compute = statistics.median(r["compute_s"] for r in real["iterations"][1:])
     figures = {
-        "measured": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "measured": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "real_peak_rss_bytes": real["summary"]["peak_rss_bytes"],
         "replay_peak_rss_bytes": replay["summary"]["peak_rss_bytes"],
         "real_worker_compute_s": real_compute,

@@ -52,8 +52,8 @@ def _probe_qdiscs() -> dict[str, bool]:
             where = ["ingress"] if q == "ingress" else ["root", q, *_ARGS.get(q, [])]
             r = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "p0", *where], capture_output=True)
             out[q] = r.returncode == 0
-            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", "p0", *(["ingress"] if q == "ingress" else ["root"])],
-                           capture_output=True)
+            where = ["ingress"] if q == "ingress" else ["root"]
+            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", "p0", *where], capture_output=True)
     finally:
         ip("netns", "del", ns)
     return out

@@ -83,12 +83,12 @@ class StateDir:
         self.pid = os.getpid() if pid is None else pid
         self.path = root / str(self.pid)
 
-    def open(self) -> "StateDir":
+    def open(self) -> StateDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self._write("owner.json", {"pid": self.pid, "started": start_time(self.pid)})
         return self
 
-    def __enter__(self) -> "StateDir":
+    def __enter__(self) -> StateDir:
         return self.open()
 
     def __exit__(self, *exc) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,7 +34,7 @@ class Flow(BaseModel):
     parallel: int = Field(default=1, ge=1, le=32)
 
     @model_validator(mode="after")
-    def _valid(self) -> "Flow":
+    def _valid(self) -> Flow:
         if self.src == self.dst:
             raise ValueError("dst: a flow needs two different hosts")
         if self.protocol == "udp" and self.rate_mbps is None:
@@ -72,7 +73,7 @@ class CrossTraffic:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cross-traffic", daemon=True)
 
-    def start(self) -> "CrossTraffic":
+    def start(self) -> CrossTraffic:
         for i, f in enumerate(self.flows):
             self.launch(f.dst, f"xserver{i}", server_argv(BASE_PORT + i))
         self.t0 = time.monotonic()

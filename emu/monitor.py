@@ -92,7 +92,7 @@ class Monitor:
                 except (subprocess.SubprocessError, ValueError, OSError):
                     continue
 
-    def start(self) -> "Monitor":
+    def start(self) -> Monitor:
         self.t0 = time.monotonic()
         self.t0_wall = time.time()
         self._thread.start()

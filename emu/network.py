@@ -10,12 +10,13 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import sys
 import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 from mininet.link import Link
 from mininet.log import setLogLevel
@@ -77,7 +78,7 @@ class Testbed:
         self._logs: list[IO] = []
 
     # ------------------------------------------------------------------ bring-up
-    def __enter__(self) -> "Testbed":
+    def __enter__(self) -> Testbed:
         try:
             self._start()
         except BaseException:

@@ -17,8 +17,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -207,7 +208,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment()}, indent=2))
 
     row: dict[str, Any] = {"run_id": run_id, "sweep": exp.name, "repeat": repeat, "status": "running",
-                           "reason": "", "started_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                           "reason": "", "started_at": dt.datetime.now(dt.UTC).isoformat(),
                            "network": exp.net.describe(), **flatten(exp.resolved()), **(extra or {})}
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}

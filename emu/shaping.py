@@ -24,8 +24,9 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
@@ -117,7 +118,7 @@ class _TraceFile(_Strict):
     sha256: str = ""
 
     @model_validator(mode="after")
-    def _load(self, info: ValidationInfo) -> "_TraceFile":
+    def _load(self, info: ValidationInfo) -> _TraceFile:
         base = Path((info.context or {}).get("base_dir", "."))
         path = Path(self.file) if Path(self.file).is_absolute() else base / self.file
         try:
@@ -246,7 +247,7 @@ _PARSED: dict[tuple, tuple[Points, float, str]] = {}  # parsed traces by file id
 # each of its experiments, and a long trace takes a while to parse
 
 
-Schedule = Annotated[Union[Steps, Square, OnOff, Mahimahi, CsvTrace], Field(discriminator="kind")]
+Schedule = Annotated[Steps | Square | OnOff | Mahimahi | CsvTrace, Field(discriminator="kind")]
 
 
 class LinkShaping(_Strict):
@@ -273,7 +274,7 @@ class Shaper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shaper", daemon=True)
 
-    def start(self) -> "Shaper":
+    def start(self) -> Shaper:
         self.t0 = time.monotonic()
         self._thread.start()
         return self

@@ -18,7 +18,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -149,7 +149,7 @@ class LogNormal(_Strict):
     seed: int = 0
 
 
-Heterogeneity = Annotated[Union[SlowHosts, LogNormal], Field(discriminator="kind")]
+Heterogeneity = Annotated[SlowHosts | LogNormal, Field(discriminator="kind")]
 
 
 class StarHost(_Strict):
@@ -159,7 +159,7 @@ class StarHost(_Strict):
     down_mbps: Mbps | None = Field(default=None, description="switch -> host")
 
     @model_validator(mode="after")
-    def _rates(self) -> "StarHost":
+    def _rates(self) -> StarHost:
         if self.bw_mbps is None and (self.up_mbps is None or self.down_mbps is None):
             raise ValueError("give bw_mbps, or both up_mbps and down_mbps")
         return self
@@ -184,7 +184,7 @@ class StarTopology(LinkOptions):
                                  description="hosts the generator leaves alone")
 
     @model_validator(mode="after")
-    def _hosts(self) -> "StarTopology":
+    def _hosts(self) -> StarTopology:
         if (self.hosts is None) == (self.count is None):
             raise ValueError("give either hosts (a list) or count (with bw_mbps)")
         if self.count is not None and self.bw_mbps is None:
@@ -286,7 +286,7 @@ class GraphLink(LinkOptions):
     ba_mbps: Mbps | None = Field(default=None, description="b -> a")
 
     @model_validator(mode="after")
-    def _rates(self) -> "GraphLink":
+    def _rates(self) -> GraphLink:
         if self.bw_mbps is None and (self.ab_mbps is None or self.ba_mbps is None):
             raise ValueError("give bw_mbps, or both ab_mbps and ba_mbps")
         return self
@@ -298,7 +298,7 @@ class GraphTopology(_Strict):
     links: list[GraphLink] = Field(min_length=1, max_length=MAX_GRAPH_NODES)
 
     @model_validator(mode="after")
-    def _valid(self) -> "GraphTopology":
+    def _valid(self) -> GraphTopology:
         kinds: dict[str, str] = {}
         for i, n in enumerate(self.nodes):
             if n.name in kinds:
@@ -348,5 +348,5 @@ class GraphTopology(_Strict):
         return _kernel_limits(net, lambda node: f"nodes[{index[node]}].name", lambda i: f"links[{i}].queue_ms")
 
 
-Topology = Annotated[Union[StarTopology, RacksTopology, GraphTopology], Field(discriminator="kind")]
+Topology = Annotated[StarTopology | RacksTopology | GraphTopology, Field(discriminator="kind")]
 TOPOLOGY_KINDS = ("star", "racks", "graph")

@@ -22,5 +22,5 @@ def test_hostile_tunables_are_refused(scheduler, key, value):
 
 
 def test_paper_defaults_are_within_range():
-    for name, model in params_models().items():
+    for model in params_models().values():
         model.model_validate({})  # the defaults themselves are valid

@@ -114,7 +114,7 @@ def run(model: str, preset: str, batch_size: int = 32, iterations: int | None = 
                                    torch=torch.__version__),
         clock="thread_cpu" if clock is time.thread_time else "wall",
         warmup=warmup, iterations=iterations,
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         iteration_s=med(totals),
         forward_lead_s=med([t.lead_s for t in timings]),
         backward_tail_s=med([t.tail_s for t in timings]),
