@@ -204,3 +204,16 @@ def test_a_missing_or_broken_table_fails():
             assert message in str(e), (message, str(e))
         else:
             raise AssertionError(f"accepted: {message}")
+
+
+def test_no_function_is_over_80_lines():
+    """Functions in the harness's layers read top to bottom on one screen or two."""
+    long = []
+    for layer in ("emu", "workloads", "schedulers", "analysis", "contracts"):
+        for path in sorted((REPO / layer).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > 80:
+                        long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "functions over 80 lines:\n" + "\n".join(long)
