@@ -4,7 +4,7 @@ Buckets: DDP's (`buckets.py`). A bucket is launched the moment its last gradient
 pushed, so buckets go out in readiness order.
 
 Ring. Worker i sends only to worker i+1 and receives only from worker i-1. A bucket is
-cut into one segment per worker and each segment into chunks of `chunk_kb`. Segment s is
+cut into one segment per worker and each segment into chunks (`chunk_numel`). Segment s is
 reduced along s+1 -> s+2 -> ... -> s (reduce-scatter: each hop adds its own values and
 passes the partial sum on), averaged at s, then passed s -> s+1 -> ... -> s-1
 (all-gather). That is 2(n-1)/n of the bucket over every link, the bandwidth optimum.
@@ -38,9 +38,23 @@ from schedulers.buckets import BucketParams, BucketState, plan_buckets
 from schedulers.failure import Failure
 from schedulers.transport import Connection, Kind, Outbox, connect, listen
 
+MIN_CHUNK_NUMEL = 4096  # 16 KiB: below this, per-frame costs dominate
+
 
 class RingParams(BucketParams):
-    chunk_kb: int = Field(default=256, gt=0, le=1_048_576, description="KiB per frame passed around the ring")
+    chunk_kb: int = Field(default=256, gt=0, le=1_048_576, description="largest frame passed around the ring, KiB")
+    segment_chunks: int = Field(default=8, ge=1, le=4096,
+                                description="cut each segment into at least this many chunks (none under 16 KiB)")
+
+
+def chunk_numel(bucket_numel: int, n: int, params: RingParams) -> int:
+    """Floats per chunk: at most chunk_kb, and small enough that each of the n segments is
+    `segment_chunks` chunks. A hop then forwards a stream as it arrives rather than a whole
+    segment in one burst: a burst into a slow link grows TCP's window until the queue drops,
+    and a drop at a burst's tail waits for a retransmission timeout."""
+    largest = max(1, params.chunk_kb * 1024 // 4)
+    segment = -(-bucket_numel // max(n, 1))
+    return min(largest, max(MIN_CHUNK_NUMEL, -(-segment // params.segment_chunks)))
 
 
 # ---------------------------------------------------------------------------- ring state
@@ -94,9 +108,8 @@ class Ring(Scheduler):
 
     # ------------------------------------------------------------------ setup
     def start(self, tensors: list[TensorSpec]) -> None:
-        chunk_numel = max(1, self.params.chunk_kb * 1024 // 4)
         for b in plan_buckets(tensors, self.params):
-            chunks = ring_chunks(b.numel, self.n, chunk_numel)
+            chunks = ring_chunks(b.numel, self.n, chunk_numel(b.numel, self.n, self.params))
             own = [c for c, ch in enumerate(chunks) if ch.segment == self.left_rank] if self.n > 1 else []
             self.buckets.append(RingBucket(spec=b, chunks=chunks, own=own, inp=np.zeros(b.numel, np.float32),
                                            out=np.zeros(b.numel, np.float32)))

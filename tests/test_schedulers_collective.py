@@ -286,3 +286,16 @@ def test_training_end_to_end_matches_parameter_server(tmp_path):
         assert len(sums) == 1, (name, sums)
         checksums[name] = sums.pop()
     assert checksums["ring"] == checksums["gloo"] == checksums["fifo"], checksums
+
+
+def test_ring_chunks_stream_each_segment():
+    """A segment is cut into segment_chunks chunks (none under 16 KiB, none over chunk_kb), so a
+    hop forwards a stream; large buckets keep chunk_kb."""
+    from schedulers.ring import MIN_CHUNK_NUMEL, RingParams, chunk_numel
+
+    p = RingParams()
+    small = chunk_numel(137_000, 4, p)  # the small CNN: 0.55 MB over 4 workers
+    assert small == 4282  # ceil(ceil(137000 / 4) / 8)
+    assert chunk_numel(25 * 2**18, 4, p) == 256 * 256  # a 25 MiB bucket: chunk_kb
+    assert chunk_numel(1000, 4, p) == MIN_CHUNK_NUMEL  # tiny buckets: one 16 KiB chunk per segment
+    assert chunk_numel(10**6, 2, RingParams(segment_chunks=1, chunk_kb=4096)) == 500_000
