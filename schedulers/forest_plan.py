@@ -60,6 +60,7 @@ class LinkModel:
     pair_load: np.ndarray           # (n, n, m), symmetric in i, j
     ring_load: np.ndarray           # (m,): links crossed by the directed ring 0->1->..->n-1->0
     assumed: bool = False           # True: no topology was given; a uniform star is assumed
+    hop_load: np.ndarray | None = None  # (n, n, m): links crossed by the path i->j
 
     @property
     def num_workers(self) -> int:
@@ -106,12 +107,13 @@ class LinkModel:
                 if i != j:
                     for k in paths[(hosts[i], hosts[j])] + paths[(hosts[j], hosts[i])]:
                         pair_load[i, j, k] += 1
-        ring_load = np.zeros(m)
-        if n > 1:
-            for i in range(n):
-                for k in paths[(hosts[i], hosts[(i + 1) % n])]:
-                    ring_load[k] += 1
-        return cls(links, np.array([cap[link] for link in links]), pair_load, ring_load)
+        hop_load = np.zeros((n, n, m))
+        for i in range(n):
+            for j in range(n):
+                for k in paths[(hosts[i], hosts[j])]:
+                    hop_load[i, j, k] += 1
+        ring_load = sum((hop_load[i, (i + 1) % n] for i in range(n)), np.zeros(m)) if n > 1 else np.zeros(m)
+        return cls(links, np.array([cap[link] for link in links]), pair_load, ring_load, hop_load=hop_load)
 
     @classmethod
     def uniform_star(cls, n: int) -> LinkModel:
@@ -121,7 +123,8 @@ class LinkModel:
         links = [{"source": h, "target": "switch", "capacity": 1.0} for h in hosts]
         links += [{"source": "switch", "target": h, "capacity": 1.0} for h in hosts]
         model = cls.from_graph({"nodes": nodes, "links": links}, hosts)
-        return cls(model.links, model.capacity, model.pair_load, model.ring_load, assumed=True)
+        return cls(model.links, model.capacity, model.pair_load, model.ring_load, assumed=True,
+                   hop_load=model.hop_load)
 
     def tree_load(self, edges: tuple[tuple[int, int], ...]) -> np.ndarray:
         if not edges:
@@ -138,6 +141,14 @@ class LinkModel:
         """Ring all-reduce over ranks in order: every ring hop carries 2(n-1)/n of the gradient."""
         n = self.num_workers
         return self.rate_of(self.ring_load * 2 * (n - 1) / n) if n > 1 else math.inf
+
+    def ring_rate_of(self, order: list[int]) -> float:
+        """Ring all-reduce along `order` (a list of ranks), as ring_rate() for rank order."""
+        n = len(order)
+        if n < 2:
+            return math.inf
+        load = self.hop_load[order, order[1:] + order[:1]].sum(axis=0)
+        return self.rate_of(load * 2 * (n - 1) / n)
 
 
 def _bfs_through_switches(src: str, out: dict[str, list[str]], kinds: dict[str, str]) -> dict[str, str]:

@@ -27,8 +27,10 @@ pass it on: every worker raises a CommError naming the peer that died.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
@@ -36,15 +38,39 @@ from pydantic import Field
 from schedulers.base import CommError, RoleContext, Scheduler, TensorSpec
 from schedulers.buckets import BucketParams, BucketState, plan_buckets
 from schedulers.failure import Failure
+from schedulers.forest_plan import LinkModel
 from schedulers.transport import Connection, Kind, Outbox, connect, listen
 
 MIN_CHUNK_NUMEL = 4096  # 16 KiB: below this, per-frame costs dominate
 
 
 class RingParams(BucketParams):
+    order: Literal["given", "topology"] = Field(
+        default="given", description="given: ranks in order, as a job launcher assigns them; topology: the "
+        "order with the highest bottleneck rate on the capacity graph (NCCL's ring search)")
     chunk_kb: int = Field(default=256, gt=0, le=1_048_576, description="largest frame passed around the ring, KiB")
     segment_chunks: int = Field(default=8, ge=1, le=4096,
                                 description="cut each segment into at least this many chunks (none under 16 KiB)")
+
+
+SEARCH_MAX_WORKERS = 9  # (n-1)! orders: 40,320 at 9 workers, a fraction of a second
+
+
+def ring_order(topology: dict | None, hosts: list[str], how: str) -> list[int]:
+    """The ring as a list of ranks: rank order, or (`topology`) the order whose busiest link,
+    counting every hop's path through the switches, gives the highest rate. Every worker
+    computes the same order from the same inputs. Beyond SEARCH_MAX_WORKERS workers the
+    search keeps the given order."""
+    n = len(hosts)
+    if how == "given" or topology is None or n < 3 or n > SEARCH_MAX_WORKERS:
+        return list(range(n))
+    model = LinkModel.from_graph(topology, hosts)
+    best, best_rate = list(range(n)), model.ring_rate_of(list(range(n)))
+    for rest in itertools.permutations(range(1, n)):
+        rate = model.ring_rate_of([0, *rest])
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = [0, *rest], rate
+    return best
 
 
 def chunk_numel(bucket_numel: int, n: int, params: RingParams) -> int:
@@ -93,7 +119,11 @@ class Ring(Scheduler):
     def __init__(self, ctx: RoleContext, params: RingParams):
         super().__init__(ctx, params)
         self.n, self.rank = ctx.num_workers, ctx.rank
-        self.right_rank, self.left_rank = (self.rank + 1) % self.n, (self.rank - 1) % self.n
+        # Segments and stages are counted in ring positions; peers are named by rank.
+        self.order = ring_order(ctx.topology, [w.host for w in ctx.workers], params.order)
+        self.pos = self.order.index(self.rank)
+        self.right_rank = self.order[(self.pos + 1) % self.n]
+        self.left_rank = self.order[(self.pos - 1) % self.n]
         self._failure = Failure(f"worker {self.rank}")
         self._cv = self._failure.cv
         self._pushed: dict[int, int] = {}
@@ -110,7 +140,7 @@ class Ring(Scheduler):
     def start(self, tensors: list[TensorSpec]) -> None:
         for b in plan_buckets(tensors, self.params):
             chunks = ring_chunks(b.numel, self.n, chunk_numel(b.numel, self.n, self.params))
-            own = [c for c, ch in enumerate(chunks) if ch.segment == self.left_rank] if self.n > 1 else []
+            own = [c for c, ch in enumerate(chunks) if ch.segment == (self.pos - 1) % self.n] if self.n > 1 else []
             self.buckets.append(RingBucket(spec=b, chunks=chunks, own=own, inp=np.zeros(b.numel, np.float32),
                                            out=np.zeros(b.numel, np.float32)))
         self.bucket_of = {k: rb for rb in self.buckets for k in rb.spec.keys}
@@ -248,21 +278,21 @@ class Ring(Scheduler):
         ch = rb.chunks[c]
         partial += rb.inp[ch.lo:ch.hi]
         b = rb.spec.index
-        if ch.segment == self.rank:
+        if ch.segment == self.pos:
             res = rb.out[ch.lo:ch.hi]
             np.divide(partial, self.n, out=res)
             self.outbox.put((it, b, -(self.n - 1), c), Kind.RESULT, b, c, it, res)
             self._finished(rb, it, 1)
         else:
-            stage = (self.rank - ch.segment - 1) % self.n
+            stage = (self.pos - ch.segment - 1) % self.n
             self.outbox.put((it, b, -stage, c), Kind.PUSH, b, c, it, partial)
 
     def _gather(self, rb: RingBucket, c: int, it: int) -> None:
         """The average of chunk c has landed in `out`: pass it on unless the next worker owns it."""
         ch = rb.chunks[c]
-        if self.right_rank != ch.segment:
+        if (self.pos + 1) % self.n != ch.segment:
             b = rb.spec.index
-            stage = self.n - 1 + (self.rank - ch.segment) % self.n
+            stage = self.n - 1 + (self.pos - ch.segment) % self.n
             self.outbox.put((it, b, -stage, c), Kind.RESULT, b, c, it, rb.out[ch.lo:ch.hi])
         self._finished(rb, it, 1)
 

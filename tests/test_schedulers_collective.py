@@ -299,3 +299,61 @@ def test_ring_chunks_stream_each_segment():
     assert chunk_numel(25 * 2**18, 4, p) == 256 * 256  # a 25 MiB bucket: chunk_kb
     assert chunk_numel(1000, 4, p) == MIN_CHUNK_NUMEL  # tiny buckets: one 16 KiB chunk per segment
     assert chunk_numel(10**6, 2, RingParams(segment_chunks=1, chunk_kb=4096)) == 500_000
+
+
+def two_racks(hosts: list[str], uplink_mbps: float = 100.0) -> dict:
+    """Even hosts in rack s1, odd ones in s2, 1 Gb/s host links, racks joined by one uplink."""
+    nodes = [{"id": h, "kind": "host"} for h in hosts] + [{"id": s, "kind": "switch"} for s in ("s1", "s2")]
+    links = []
+    for i, h in enumerate(hosts):
+        sw = "s1" if i % 2 == 0 else "s2"
+        links += [{"source": h, "target": sw, "capacity": 1e9}, {"source": sw, "target": h, "capacity": 1e9}]
+    links += [{"source": "s1", "target": "s2", "capacity": uplink_mbps * 1e6},
+              {"source": "s2", "target": "s1", "capacity": uplink_mbps * 1e6}]
+    return {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes, "links": links}
+
+
+def test_topology_ring_order_crosses_the_uplink_once_each_way():
+    """Ranks alternate between two racks: each of rank order's 6 hops crosses the uplink (3 each
+    way), the searched order crosses it once each way, so its bottleneck rate is 3 times
+    higher; on a star every order is alike and rank order is kept."""
+    from schedulers.forest_plan import LinkModel
+    from schedulers.ring import ring_order
+
+    hosts = [f"w{r}" for r in range(6)]
+    order = ring_order(two_racks(hosts), hosts, "topology")
+    model = LinkModel.from_graph(two_racks(hosts), hosts)
+    assert sorted(order) == list(range(6)) and order[0] == 0
+    assert model.ring_rate_of(order) == pytest.approx(3 * model.ring_rate_of(list(range(6))))
+    assert ring_order(two_racks(hosts), hosts, "given") == list(range(6))
+    assert ring_order(star(hosts), hosts, "topology") == list(range(6))
+
+
+def test_topology_ordered_ring_averages_exactly():
+    """The searched order changes who talks to whom; the averages stay the reference's."""
+    from tests.test_schedulers_loopback import gradient, tensor_set
+
+    eps = endpoints(6)
+    topology = two_racks([e.host for e in eps])
+    sizes = tensor_set(3, big=50_000)
+    results, errors = {}, []
+
+    def work(rank):
+        try:
+            ctx = RoleContext(rank, 6, [], eps, topology=topology, connect_timeout_s=20)
+            results[rank] = drive("ring", {"order": "topology", "chunk_kb": 16}, ctx, sizes, 2, seed=3)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(r,), daemon=True) for r in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    for it in range(2):
+        for key, numel in enumerate(sizes):
+            ref = np.mean([gradient(3, it, r, key, numel).astype(np.float64) for r in range(6)], axis=0)
+            np.testing.assert_allclose(results[0][it][key], ref, rtol=1e-5, atol=1e-6)
+            for r in range(1, 6):
+                assert np.array_equal(results[r][it][key], results[0][it][key])
