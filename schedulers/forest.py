@@ -50,7 +50,10 @@ from schedulers.transport import Connection, Kind, Outbox, connect, listen
 class ForestParams(SchedulerParams):
     requires_servers: ClassVar[bool] = False
     chunk_numel: int = Field(default=16_384, gt=0, le=16_777_216,
-                             description="floats per chunk (64 KiB; see the module docstring)")
+                             description="largest chunk, floats (64 KiB; see the module docstring)")
+    slice_chunks: int = Field(default=8, ge=1, le=4096,
+                              description="cut each tree's slice of a tensor into at least this many chunks "
+                                          "(none under 4096 floats, 16 KiB)")
     epsilon: float = Field(default=DEFAULT_EPSILON, gt=0, lt=0.5,
                            description="Garg-Konemann accuracy: plan rate >= (1-eps)^3 of the optimum")
 
@@ -70,8 +73,14 @@ class Chunk:
     pos: float      # how far into its tree's slice of the tensor (0 = first chunk)
 
 
-def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int) -> dict[int, list[Chunk]]:
-    """Chunks of every tensor, by key; identical on every worker for the same inputs."""
+MIN_CHUNK_NUMEL = 4096  # 16 KiB: below this, per-chunk Python costs dominate
+
+
+def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int,
+           slice_chunks: int = 1) -> dict[int, list[Chunk]]:
+    """Chunks of every tensor, by key; identical on every worker for the same inputs. A slice
+    of n floats is cut into chunks of min(chunk_numel, max(MIN_CHUNK_NUMEL, n / slice_chunks)),
+    so a tree link forwards a stream rather than whole-slice bursts (see ring.py's chunk_numel)."""
     bounds_of = np.cumsum(fractions)
     load = [0] * len(fractions)
     total = 0
@@ -85,8 +94,9 @@ def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int) 
             slices = [(k, 0, t.numel)]
         chunks = []
         for k, lo, hi in slices:
-            starts = range(lo, hi, chunk_numel)
-            chunks += [Chunk(k, a, min(a + chunk_numel, hi), q / len(starts)) for q, a in enumerate(starts)]
+            size = min(chunk_numel, max(MIN_CHUNK_NUMEL, -(-(hi - lo) // slice_chunks)))
+            starts = range(lo, hi, size)
+            chunks += [Chunk(k, a, min(a + size, hi), q / len(starts)) for q, a in enumerate(starts)]
             load[k] += hi - lo
         total += t.numel
         out[t.key] = chunks
@@ -141,7 +151,8 @@ class Forest(Scheduler):
 
     def start(self, tensors: list[TensorSpec]) -> None:
         self.specs = {t.key: t for t in tensors}
-        self.chunks = layout(tensors, [t.fraction for t in self.trees], self.params.chunk_numel)
+        self.chunks = layout(tensors, [t.fraction for t in self.trees], self.params.chunk_numel,
+                             self.params.slice_chunks)
         self.out = {t.key: np.empty(t.numel, np.float32) for t in tensors}
         self._pushed = {t.key: -1 for t in tensors}
         self._done = {t.key: -1 for t in tensors}

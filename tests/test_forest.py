@@ -163,6 +163,16 @@ def test_layout_covers_every_element_once_and_follows_fractions():
     assert np.allclose(np.array(per_tree) / total, fractions, atol=0.01)
 
 
+def test_layout_streams_each_slice_in_slice_chunks():
+    """A slice is cut into slice_chunks chunks, none under 4096 floats and none over chunk_numel."""
+    def sizes(numel, fractions):
+        return [ch.hi - ch.lo for ch in layout([TensorSpec(0, "t", numel, 0)], fractions, 16_384, 8)[0]]
+
+    assert sizes(100_000, [1.0]) == [12_500] * 8                     # 8 chunks of the slice
+    assert sizes(20_000, [1.0]) == [4096] * 4 + [3616]               # none under 16 KiB
+    assert sizes(400_000, [0.5, 0.5]) == ([16_384] * 12 + [3392]) * 2  # none over chunk_numel
+
+
 def test_trace_records_sends_and_results():
     eps = endpoints(["h0", "h1"])
     tensors = [TensorSpec(0, "w", 3000, 0)]
