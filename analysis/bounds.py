@@ -1,37 +1,80 @@
-"""Analytic lower bounds on iteration time, from a run's capacity graph and compute time.
+"""Lower bounds on iteration time: each run against the optimum of the model its scheduler
+plays in, and against a model-free cut bound, on the bandwidth the run actually had.
 
-A training iteration cannot be shorter than its compute, nor than the time the busiest
-link needs for the bytes that must cross it; with perfect overlap it is the larger:
+A training iteration cannot be shorter than its compute, nor than the communication its
+model needs at the best possible schedule; with perfect overlap it is the larger:
 
-    bound_s = max(compute_s, comm_bound_s)
+    bound_s = max(compute_s, comm_bound_s),     comm_bound_s = G * 8 / rate of the model,
 
-`comm_bound_s` depends on the communication pattern:
-- parameter-server family (fifo, bytescheduler, p3, mercury): every worker pushes its
-  G gradient bytes and pulls G back, 1/S of them to and from each of the S servers, along
-  shortest paths; each directed link's bytes over its capacity, the largest wins;
-- ring all-reduce (ring, gloo): each worker sends 2(N-1)/N * G to its ring successor;
-- any all-reduce among the workers alone (forest; and a floor for ring and gloo): for
-  every split of the workers into two non-empty sides, each side needs G bytes of the
-  other's contributions, so G must cross the minimum cut in each direction (max-flow
-  between the sides). This `cut_bound_s` holds for every algorithm in which only workers
-  compute; all 2^N - 2 splits are checked up to 12 workers, single workers beyond.
+G = 4 bytes x parameters. The model (`bound_model`) is chosen by the scheduler (MODELS says
+what each one is, and the report quotes it):
 
-`efficiency = bound_s / measured median iteration time` (1.0 = as fast as possible).
+- "ps" (fifo, bytescheduler, p3, mercury): every worker pushes G/S to and pulls G/S from
+  each of the S servers along shortest paths; the busiest link direction decides. The
+  pattern is fixed, so this is its optimum.
+- "ring" (ring, gloo): ring all-reduce, every ring hop carrying 2(N-1)/N * G, in the *best*
+  order. On a tree (every topology of the testbed is one) a ring must cross each link
+  direction that separates workers at least once, and the order of a depth-first walk of
+  the tree crosses each exactly once, so that order is optimal for every set of rates (ring's
+  `order: topology` searches for such an order). The ring in the order the ranks were given
+  (gloo's, and ring's `order: given`) is kept beside it as `ring_rank_order_bound_s`; their
+  efficiency shows what that order costs.
+- "forest" (forest): the optimal fractional packing of spanning trees of the workers,
+  aggregating at hosts, a tree edge {u, v} carrying its slice both ways over the shortest
+  paths u->v and v->u: the LP optimum the forest planner targets. Solved here by an
+  independent formulation (`forest_rate_bps`), not the planner's column generation.
+- "cut" (any other scheduler): the cut bound below.
+
+`cut_bound_s` is model-free, for every run with 2 or more workers: for every split of the
+workers into two sides, each side needs G bytes of the other's contributions, so G must
+cross the maximum flow between the sides, in each direction (relaying through any node).
+All 2^H - 2 splits of the H worker hosts up to 12 hosts, single hosts beyond. It holds for every scheme that
+moves each side's contribution uncompressed, parameter servers included.
+
+Capacity: `analysis/capacity.py`. A run whose bandwidth was neither shaped nor shared uses
+the configured capacity graph; otherwise every bound is computed on the capacity available
+to the job, averaged over its measured window (`bound_capacity` says which, and why when a
+run's files could not place it in time); `bound_configured_s` keeps the same model's bound
+on the configured rates. That average makes the bound one on the window's mean iteration,
+so `efficiency = bound_s / measured` compares with the mean iteration
+(`efficiency_basis` = "mean") when the capacity varied inside the window, and with the
+median otherwise (1.0 = as fast as the model allows). `cut_efficiency` is
+max(compute_s, cut_bound_s) / the same measured time.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 
 import networkx as nx
+import numpy as np
 import pandas as pd
 
+from analysis.capacity import route, run_capacity
 from contracts.role_spec import RoleSpec
 
 PS_FAMILY = {"fifo", "bytescheduler", "p3", "mercury"}
 RING_FAMILY = {"ring", "gloo"}
+FOREST_FAMILY = {"forest"}
+
+MODELS = {
+    "ps": "parameter server: each worker pushes and pulls G/S to and from each of the S servers along "
+          "shortest paths; the busiest link direction's bytes over its rate",
+    "ring": "ring all-reduce in the best order (a depth-first walk of the topology tree, optimal on a tree): "
+            "every ring hop carries 2(N-1)/N x G; the busiest link direction's bytes over its rate",
+    "forest": "the optimal forest: the largest rate at which fractional spanning trees of the workers "
+              "(aggregation at hosts, each tree edge carrying its slice both ways over shortest paths) fit "
+              "the links, an LP solved independently of the planner; G over that rate",
+    "cut": "G must cross the maximum flow between the two sides of every split of the workers, each way, "
+           "whatever the scheme (the cut bound)",
+}
+MAX_LP_HOSTS = 32  # the forest LP's size grows as N^3; beyond this a forest run is judged by the cut bound
+COLUMNS = ["comm_bound_s", "cut_bound_s", "bound_s", "efficiency", "bound_model", "bound_capacity",
+           "efficiency_basis", "bound_configured_s", "cut_efficiency", "ring_rank_order_bound_s"]
+_TEXT = {"bound_model", "bound_capacity", "efficiency_basis"}
 
 
 def load_graph(run_dir: Path) -> nx.DiGraph:
@@ -40,16 +83,14 @@ def load_graph(run_dir: Path) -> nx.DiGraph:
     return nx.node_link_graph(spec.topology, edges="links")
 
 
+# ---------------------------------------------------------------------------- fixed patterns
 def _add_path(load: dict, g: nx.DiGraph, src: str, dst: str, nbytes: float) -> None:
-    if src == dst:
-        return
-    path = nx.shortest_path(g, src, dst)
-    for a, b in zip(path, path[1:]):
-        load[(a, b)] = load.get((a, b), 0.0) + nbytes
+    for e in route(g, src, dst):
+        load[e] = load.get(e, 0.0) + nbytes
 
 
 def _busiest(load: dict, g: nx.DiGraph) -> float:
-    return max((nbytes * 8 / g[a][b]["capacity"] for (a, b), nbytes in load.items()), default=0.0)
+    return max((nbytes * 8 / g.edges[e]["capacity"] for e, nbytes in load.items()), default=0.0)
 
 
 def ps_bound_s(g: nx.DiGraph, workers: list[str], servers: list[str], grad_bytes: float) -> float:
@@ -63,6 +104,7 @@ def ps_bound_s(g: nx.DiGraph, workers: list[str], servers: list[str], grad_bytes
 
 
 def ring_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
+    """The ring in the order given: each worker sends 2(N-1)/N * G to its successor."""
     n = len(workers)
     if n < 2:
         return 0.0
@@ -72,6 +114,29 @@ def ring_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
     return _busiest(load, g)
 
 
+def ring_order(g: nx.DiGraph, workers: list[str]) -> list[str]:
+    """The workers in the order a depth-first walk of the (undirected) topology reaches
+    their hosts, from the first worker's host; workers of one host stay together in their
+    given order. On a tree this order crosses every link direction that separates workers
+    exactly once, the minimum for any ring."""
+    if len(workers) < 2:
+        return list(workers)
+    und = g.to_undirected(as_view=True)
+    rank: dict[str, int] = {}
+    stack = [workers[0]]
+    while stack:  # preorder, neighbours in name order: the same order on every machine
+        node = stack.pop()
+        if node not in rank:
+            rank[node] = len(rank)
+            stack += sorted((v for v in und[node] if v not in rank), reverse=True)
+    return sorted(workers, key=lambda w: rank.get(w, len(rank)))  # stable: same-host order kept
+
+
+def best_ring_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
+    return ring_bound_s(g, ring_order(g, workers), grad_bytes)
+
+
+# ---------------------------------------------------------------------------- cut bound
 def _cut_bps(g: nx.DiGraph, side_a: tuple[str, ...], side_b: tuple[str, ...]) -> float:
     h = g.copy()
     for w in side_a:
@@ -82,47 +147,159 @@ def _cut_bps(g: nx.DiGraph, side_a: tuple[str, ...], side_b: tuple[str, ...]) ->
 
 
 def cut_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
-    if len(workers) < 2:
+    hosts = list(dict.fromkeys(workers))  # workers sharing a host exchange without a link
+    if len(hosts) < 2:
         return 0.0
-    if len(workers) <= 12:
-        sides = [c for k in range(1, len(workers)) for c in itertools.combinations(workers, k)]
+    if len(hosts) <= 12:
+        sides = [c for k in range(1, len(hosts)) for c in itertools.combinations(hosts, k)]
     else:
-        sides = [(w,) for w in workers]
+        sides = [(w,) for w in hosts]
     worst = 0.0
     for a in sides:
-        b = tuple(w for w in workers if w not in a)
+        b = tuple(w for w in hosts if w not in a)
         for x, y in ((a, b), (b, a)):
             worst = max(worst, grad_bytes * 8 / _cut_bps(g, x, y))
     return worst
 
 
+# ---------------------------------------------------------------------------- forest optimum
+def _pair_loads(g: nx.DiGraph, workers: list[str]) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """(links, load[i, j, k]): how often a tree edge between workers i and j crosses link k
+    (path i->j plus path j->i)."""
+    n = len(workers)
+    paths = {(a, b): route(g, a, b) for a in set(workers) for b in set(workers)}
+    links = sorted({e for p in paths.values() for e in p})
+    index = {e: k for k, e in enumerate(links)}
+    load = np.zeros((n, n, len(links)))
+    for i, j in itertools.permutations(range(n), 2):
+        for e in paths[(workers[i], workers[j])] + paths[(workers[j], workers[i])]:
+            load[i, j, index[e]] += 1
+    return links, load
+
+
+def forest_rate_bps(g: nx.DiGraph, workers: list[str]) -> float:
+    """The LP optimum of fractional spanning-tree packing (gradient bit/s all-reduced).
+
+    Formulation (directed cuts, Edmonds' branching theorem): orient every tree away from
+    worker 0. Arc (u, v) between workers gets capacity z_uv >= 0; a tree edge carries its
+    slice both ways, so z_uv loads link k by load[u, v, k] and sum z * load <= c. The z
+    contain a fractional packing of arborescences of total rate L rooted at 0 exactly when,
+    for every other worker t, L units can flow from 0 to t within z (max-flow min-cut and
+    Edmonds), and every arborescence is a spanning tree. So
+
+        max L  s.t.  f^t a flow of L from 0 to t with f^t <= z (t = 1..N-1),
+                     sum_uv z_uv load[u, v, k] <= c_k,  z, f >= 0.
+
+    Workers sharing a host count once (their tree edges are free). Infinite when no link
+    constrains (fewer than two hosts). O(N^3) variables: 0.2 s at 16 hosts, 3 s at 24,
+    8 s at 32 (interior point); more than MAX_LP_HOSTS is refused (64 took minutes)."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix, csr_matrix, hstack, identity, kron, vstack
+
+    workers = list(dict.fromkeys(workers))  # workers of one host: joined by free tree edges, one node
+    n = len(workers)
+    if n > MAX_LP_HOSTS:
+        raise ValueError(f"forest LP: {n} hosts, more than {MAX_LP_HOSTS}")
+    links, load = _pair_loads(g, workers)
+    if n < 2 or not links:
+        return math.inf
+    scale = max(g.edges[e]["capacity"] for e in links)
+    arcs = [(u, v) for u, v in itertools.permutations(range(n), 2)]
+    na, nt = len(arcs), n - 1
+    # variables: [L, z (na), f^1 .. f^(n-1) (na each)]
+    cap_rows = hstack([csr_matrix((len(links), 1)), csr_matrix(np.array([load[u, v] for u, v in arcs]).T),
+                       csr_matrix((len(links), nt * na))])
+    flow_le_z = hstack([csr_matrix((nt * na, 1)), -kron(np.ones((nt, 1)), identity(na)), identity(nt * na)])
+    # node-arc incidence without the root's row: (out - in) at v
+    inc = coo_matrix(([1.0] * na + [-1.0] * na, ([u for u, _ in arcs] + [v for _, v in arcs],
+                                                   list(range(na)) * 2)), shape=(n, na)).tocsr()[1:]
+    sink = np.zeros((nt * (n - 1), 1))
+    for t in range(1, n):
+        sink[(t - 1) * (n - 1) + (t - 1)] = 1.0  # out - in + L = 0 at the sink t
+    conserve = hstack([csr_matrix(sink), csr_matrix((nt * (n - 1), na)), kron(identity(nt), inc)])
+    cost = np.zeros(1 + na + nt * na)
+    cost[0] = -1.0
+    res = linprog(cost, A_ub=vstack([cap_rows, flow_le_z]).tocsc(),
+                  b_ub=np.concatenate([[g.edges[e]["capacity"] / scale for e in links], np.zeros(nt * na)]),
+                  A_eq=conserve.tocsc(), b_eq=np.zeros(nt * (n - 1)), bounds=(0, None),
+                  method="highs-ds" if n <= 16 else "highs-ipm")  # measured fastest at each size
+    if res.status != 0:
+        raise RuntimeError(f"forest LP: {res.message}")
+    return float(res.x[0]) * scale
+
+
+def forest_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
+    rate = forest_rate_bps(g, workers)
+    return 0.0 if math.isinf(rate) else grad_bytes * 8 / rate
+
+
+# ---------------------------------------------------------------------------- per run
+def bound_model(scheduler: str, workers: list[str], servers: list[str]) -> str:
+    """The model a scheduler plays in; "cut" for an unknown one, and for forest beyond
+    MAX_LP_HOSTS hosts (the report then names the cut bound as its bound)."""
+    if scheduler in PS_FAMILY and servers:
+        return "ps"
+    if scheduler in RING_FAMILY:
+        return "ring"
+    if scheduler in FOREST_FAMILY and len(set(workers)) <= MAX_LP_HOSTS:
+        return "forest"
+    return "cut"
+
+
+def model_bound_s(model: str, g: nx.DiGraph, workers: list[str], servers: list[str], grad_bytes: float) -> float:
+    """Communication time of one iteration at the model's optimum on capacity graph g."""
+    if model == "ps":
+        return ps_bound_s(g, workers, servers, grad_bytes)
+    if model == "ring":
+        return best_ring_bound_s(g, workers, grad_bytes)
+    if model == "forest":
+        return forest_bound_s(g, workers, grad_bytes)
+    return cut_bound_s(g, workers, grad_bytes)
+
+
 def comm_bound_s(scheduler: str, g: nx.DiGraph, workers: list[str], servers: list[str],
                  grad_bytes: float) -> tuple[float, float]:
-    """(bound of this scheduler's pattern, cut bound of any worker-only all-reduce)."""
-    cut = cut_bound_s(g, workers, grad_bytes)
-    if scheduler in PS_FAMILY and servers:
-        return ps_bound_s(g, workers, servers, grad_bytes), cut
-    if scheduler in RING_FAMILY:
-        return max(ring_bound_s(g, workers, grad_bytes), cut), cut
-    return cut, cut
+    """(the optimum of this scheduler's model, the cut bound), both on capacity graph g."""
+    model = bound_model(scheduler, workers, servers)
+    return model_bound_s(model, g, workers, servers, grad_bytes), cut_bound_s(g, workers, grad_bytes)
+
+
+def run_bounds(run, run_dir: Path) -> dict:
+    """Every bound column of one completed run (see the module docstring)."""
+    g = _graph(str(run_dir))
+    workers, servers = json.loads(run["roles.workers"]), json.loads(run["roles.servers"])
+    grad = float(run["num_params"]) * 4
+    model = bound_model(run["scheduler"], workers, servers)
+    cap = run_capacity(g, run, run_dir)
+    comm, cut = comm_bound_s(run["scheduler"], cap.graph, workers, servers, grad)
+    configured = comm if cap.graph is g else model_bound_s(model, g, workers, servers, grad)
+    compute = float(run["compute_median_s"])
+    mean = cap.varies and pd.notna(run.get("iter_time_mean_s"))
+    measured_s = float(run["iter_time_mean_s"] if mean else run["iter_time_median_s"])
+    bound = max(compute, comm)
+    return {"comm_bound_s": comm, "cut_bound_s": cut, "bound_s": bound, "efficiency": bound / measured_s,
+            "bound_model": model, "bound_capacity": cap.basis, "efficiency_basis": "mean" if mean else "median",
+            "bound_configured_s": max(compute, configured), "cut_efficiency": max(compute, cut) / measured_s,
+            "ring_rank_order_bound_s": ring_bound_s(cap.graph, workers, grad)}
 
 
 def annotate(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
-    """Add comm_bound_s, cut_bound_s, bound_s and efficiency to the completed runs."""
+    """Add the bound columns (COLUMNS) to the completed runs; other rows keep NaN."""
     runs = runs.copy()
-    for col in ("comm_bound_s", "cut_bound_s", "bound_s", "efficiency"):
+    for col in COLUMNS:
         if col not in runs:
-            runs[col] = float("nan")
+            runs[col] = None if col in _TEXT else float("nan")
+        elif col in _TEXT:
+            runs[col] = runs[col].astype(object)
     for i, run in runs.iterrows():
         if run.get("status") != "ok":
             continue
-        run_dir = Path(sweep_dir) / run["run_id"]
-        g = _graph(str(run_dir))
-        workers, servers = json.loads(run["roles.workers"]), json.loads(run["roles.servers"])
-        comm, cut = comm_bound_s(run["scheduler"], g, workers, servers, float(run["num_params"]) * 4)
-        bound = max(float(run["compute_median_s"]), comm)
-        runs.loc[i, ["comm_bound_s", "cut_bound_s", "bound_s", "efficiency"]] = [
-            comm, cut, bound, bound / float(run["iter_time_median_s"])]
+        try:
+            values = run_bounds(run, Path(sweep_dir) / run["run_id"])
+        except (OSError, StopIteration, ValueError, KeyError, RuntimeError, nx.NetworkXException) as e:
+            values = {"bound_capacity": f"no bound: {type(e).__name__}: {e}"}  # the row stays, its bounds NaN
+        for col, value in values.items():
+            runs.at[i, col] = value
     return runs
 
 

@@ -1,13 +1,45 @@
-"""Analytic bounds on small graphs whose answers are known by hand."""
+"""Analytic bounds on small graphs whose answers are known by hand, and the forest LP of
+analysis/bounds.py (an independent formulation) against the planner's optimum.
+
+Closed forms (c_i: host i's link rate, the smaller of its two directions; n workers; G
+gradient bytes; a rate R means G * 8 / R seconds):
+- forest on a star: a tree loads host i's link with its degree d_i >= 1, degrees sum to
+  2(n-1), and every such degree sequence is a tree's, so R = min(min c_i, sum c_i / (2(n-1)));
+- best ring on a star: every host link carries 2(n-1)/n G each way, R = n min c_i / (2(n-1));
+- cut: the cheapest split; on a star, a single host: R = min c_i (or a set of hosts whose
+  links sum to less than the rest's, which never binds below).
+"""
 from __future__ import annotations
 
+import itertools
+import math
+import random
+
+import networkx as nx
 import pytest
 
-from analysis.bounds import cut_bound_s, ps_bound_s, ring_bound_s
+from analysis.bounds import (
+    MAX_LP_HOSTS,
+    best_ring_bound_s,
+    bound_model,
+    cut_bound_s,
+    forest_bound_s,
+    forest_rate_bps,
+    ps_bound_s,
+    ring_bound_s,
+    ring_order,
+)
 from emu.topology import capacity_graph
 from emu.topospec import RacksTopology, StarTopology
+from schedulers.forest_plan import LinkModel, lp_optimum
 
 G = 1e6  # gradient bytes
+MBPS = 1e6
+
+
+def secs(mbps: float) -> float:
+    """Seconds to move G at `mbps`."""
+    return G * 8 / (mbps * MBPS)
 
 
 def star(rates):
@@ -15,6 +47,40 @@ def star(rates):
         {"name": n, "bw_mbps": r} for n, r in rates.items()]}).resolve())
 
 
+def star_graph(rates, up=None, extra=()):
+    """A star as capacity_graph builds it: switch s1, host h{i} at rates[i] Mb/s (uplink
+    `up[i]` if given), plus `extra` hosts (name, Mb/s) that are not workers."""
+    g = nx.DiGraph()
+    g.add_node("s1", kind="switch")
+    hosts = [(f"h{i}", c, (up[i] if up else c)) for i, c in enumerate(rates)]
+    for name, down, upr in hosts + [(n, c, c) for n, c in extra]:
+        g.add_node(name, kind="host")
+        g.add_edge(name, "s1", capacity=upr * MBPS)
+        g.add_edge("s1", name, capacity=down * MBPS)
+    return g, [h for h, _, _ in hosts]
+
+
+def racks_graph(sizes, host_mbps, uplink_mbps, extra=()):
+    """Racks of the given sizes (hosts r{i}h{j} on ToR s{i+1}, uplinks to core s0 at
+    uplink_mbps[i] or one rate for all); `extra` = (name, rack, Mb/s) hosts off the worker list."""
+    g = nx.DiGraph()
+    g.add_node("s0", kind="switch")
+    hosts = []
+    for r, size in enumerate(sizes):
+        tor, up = f"s{r + 1}", uplink_mbps[r] if isinstance(uplink_mbps, (list, tuple)) else uplink_mbps
+        g.add_node(tor, kind="switch")
+        g.add_edge(tor, "s0", capacity=up * MBPS)
+        g.add_edge("s0", tor, capacity=up * MBPS)
+        members = [(f"r{r}h{j}", host_mbps) for j in range(size)] + [(n, c) for n, rr, c in extra if rr == r]
+        for h, c in members:
+            g.add_node(h, kind="host")
+            g.add_edge(h, tor, capacity=c * MBPS)
+            g.add_edge(tor, h, capacity=c * MBPS)
+        hosts += [f"r{r}h{j}" for j in range(size)]
+    return g, hosts
+
+
+# --------------------------------------------------------------------------- the fixed patterns
 def test_ps_bound_is_the_busiest_link():
     g = star({"ps": 100, "w0": 50, "w1": 10})
     # w1's link carries G each way at 10 Mb/s; the server's carries 2G at 100 Mb/s.
@@ -39,3 +105,118 @@ def test_cut_bound_sees_an_oversubscribed_rack_uplink():
                                                      "host_bw_mbps": 100, "oversubscription": 4}).resolve())
     # The 50 Mb/s uplink separates the racks: G crosses it each way.
     assert cut_bound_s(g, ["r0h0", "r0h1", "r1h0", "r1h1"], G) == pytest.approx(G * 8 / 50e6)
+
+
+# --------------------------------------------------------------------------- models, by hand
+def test_homogeneous_star_forest_optimum_is_two_thirds_of_the_cut_rate():
+    """4 workers at 100 Mb/s: forest R = 4 * 100 / 6 = 66.7 Mb/s, the same as the ring's; the
+    cut needs only G over one 100 Mb/s link. So a forest at its optimum has efficiency 1
+    against its own model and 2(n-1)/n = 0.67 against the cut: what issue 11 saw."""
+    g, hosts = star_graph([100] * 4)
+    assert forest_rate_bps(g, hosts) == pytest.approx(400 / 6 * MBPS, rel=1e-9)
+    assert forest_bound_s(g, hosts, G) == pytest.approx(secs(400 / 6), rel=1e-9)
+    assert best_ring_bound_s(g, hosts, G) == pytest.approx(secs(400 / 6), rel=1e-12)
+    assert ring_bound_s(g, hosts, G) == pytest.approx(secs(400 / 6), rel=1e-12)
+    assert cut_bound_s(g, hosts, G) == pytest.approx(secs(100), rel=1e-12)
+    assert cut_bound_s(g, hosts, G) / forest_bound_s(g, hosts, G) == pytest.approx(2 / 3)
+
+
+def test_star_with_two_slow_workers_forest_meets_the_cut_ring_does_not():
+    """[100, 100, 10, 10]: forest R = min(10, 220/6) = 10 = the cut's; ring R = 4*10/6 = 6.7."""
+    g, hosts = star_graph([100, 100, 10, 10])
+    assert forest_bound_s(g, hosts, G) == pytest.approx(secs(10), rel=1e-9)
+    assert cut_bound_s(g, hosts, G) == pytest.approx(secs(10), rel=1e-12)
+    assert best_ring_bound_s(g, hosts, G) == pytest.approx(secs(40 / 6), rel=1e-12)
+
+
+def test_three_racks_with_oversubscribed_uplinks():
+    """3 racks of 3 at 100 Mb/s, 4:1 uplinks (75 Mb/s). Forest: host links give
+    16 R <= 9 * 100 (degrees sum to 16), and every tree has >= 2 edges between racks, each
+    using two uplinks upward: 4 R <= 3 * 75; both say 56.25 Mb/s, and the LP reaches it.
+    Best ring (rack by rack): each uplink direction carries one hop of 16/9 G: 75 * 9/16.
+    Interleaved ranks (r0h0, r1h0, r2h0, r0h1, ...): every hop changes rack, three hops up
+    each uplink: 75 * 9/48. Cut: one rack against the rest, G over its 75 Mb/s uplink."""
+    g, hosts = racks_graph([3, 3, 3], 100, 75)
+    assert forest_rate_bps(g, hosts) == pytest.approx(56.25 * MBPS, rel=1e-9)
+    assert best_ring_bound_s(g, hosts, G) == pytest.approx(secs(75 * 9 / 16), rel=1e-12)
+    interleaved = [f"r{r}h{j}" for j in range(3) for r in range(3)]
+    assert ring_bound_s(g, interleaved, G) == pytest.approx(secs(75 * 9 / 48), rel=1e-12)
+    assert ring_order(g, interleaved) == sorted(interleaved)  # rack by rack again, from r0h0
+    assert best_ring_bound_s(g, interleaved, G) == pytest.approx(secs(75 * 9 / 16), rel=1e-12)
+    assert cut_bound_s(g, hosts, G) == pytest.approx(secs(75), rel=1e-12)
+
+
+@pytest.mark.parametrize("sizes,uplinks", [([2, 3], [40, 25]), ([1, 2, 3], [30, 60, 20]), ([3, 2, 1, 1], 35)])
+def test_depth_first_ring_is_the_best_of_every_order(sizes, uplinks):
+    """On a tree the depth-first order is optimal: checked against all (n-1)! orders."""
+    g, hosts = racks_graph(sizes, 100, uplinks)
+    brute = min(ring_bound_s(g, [hosts[0], *rest], G) for rest in itertools.permutations(hosts[1:]))
+    assert best_ring_bound_s(g, list(reversed(hosts)), G) == pytest.approx(brute, rel=1e-12)
+
+
+def test_every_ring_and_forest_bound_is_at_least_the_cut():
+    rnd = random.Random(7)
+    for _ in range(5):
+        g, hosts = racks_graph([2, 3, 2], 100, [rnd.choice([10, 40, 90]) for _ in range(3)])
+        for e in g.edges:
+            g.edges[e]["capacity"] *= rnd.choice([0.2, 1, 3])
+        cut = cut_bound_s(g, hosts, G)
+        assert best_ring_bound_s(g, hosts, G) >= cut * (1 - 1e-12)
+        assert forest_bound_s(g, hosts, G) >= cut * (1 - 1e-9)
+        assert ring_bound_s(g, hosts, G) >= best_ring_bound_s(g, hosts, G) * (1 - 1e-12)
+
+
+def test_models_of_the_schedulers():
+    hosts = [f"h{i}" for i in range(4)]
+    assert [bound_model(s, hosts, ["ps"]) for s in ("fifo", "mercury", "ring", "gloo", "forest", "new")] == \
+        ["ps", "ps", "ring", "ring", "forest", "cut"]
+    assert bound_model("forest", [f"h{i}" for i in range(MAX_LP_HOSTS + 1)], []) == "cut"
+    assert bound_model("forest", ["h0"] * (MAX_LP_HOSTS + 1), []) == "forest"  # hosts count, not workers
+
+
+def test_forest_edge_cases():
+    g, _ = star_graph([100, 10])
+    assert math.isinf(forest_rate_bps(g, ["h0"])) and forest_bound_s(g, ["h0", "h0"], G) == 0.0
+    # two workers per host: only the host links constrain, one tree edge between the hosts
+    assert forest_rate_bps(g, ["h0", "h0", "h1", "h1"]) == pytest.approx(10 * MBPS, rel=1e-9)
+    with pytest.raises(ValueError, match="more than"):
+        forest_rate_bps(*star_graph([100] * (MAX_LP_HOSTS + 1)))
+
+
+# --------------------------------------------------------------------------- against the planner
+def planner_optimum(g: nx.DiGraph, hosts: list[str]) -> float:
+    return lp_optimum(LinkModel.from_graph(nx.node_link_data(g, edges="links"), hosts))[0]
+
+
+def agreement_graphs():
+    """(name, graph, workers): stars, racks, asymmetric and contended graphs."""
+    for n in (2, 3, 5, 8):
+        yield f"uniform star {n}", *star_graph([100] * n)
+    for rates in ([100, 100, 10, 10], [100, 100, 100, 10], [1000, 100, 100, 10, 1000, 100, 10, 100],
+                  [100, 40, 100, 10, 60]):
+        yield f"star {rates}", *star_graph(rates)
+    yield "asymmetric star", *star_graph([100, 50, 80, 20], up=[10, 60, 30, 90])
+    yield "3x3 racks 4:1", *racks_graph([3, 3, 3], 100, 75)
+    yield "2x4 racks 16:1", *racks_graph([4, 4], 100, 25)
+    yield "uneven racks", *racks_graph([1, 2, 4], 100, [30, 70, 45])
+    g, hosts = racks_graph([3, 3, 3], 100, 75)
+    g.edges[("s1", "s0")]["capacity"] = g.edges[("s0", "s2")]["capacity"] = 25 * MBPS
+    yield "3x3 racks, 50 Mb/s tenant across two", g, hosts
+    for seed in range(1, 9):  # seeds 4-8: continuous rates, so the optimum is mostly below every cut
+        rnd = random.Random(seed)
+        g, hosts = racks_graph([2, 3, 2] if seed > 3 else [2, 2, 2], 100, 100)
+        for e in g.edges:
+            g.edges[e]["capacity"] *= rnd.choice([0.1, 0.5, 1, 2]) if seed <= 3 else rnd.uniform(0.5, 2)
+        yield f"random racks seed {seed}", g, hosts
+    yield "co-located workers", star_graph([100, 10, 40])[0], ["h0", "h0", "h1", "h2", "h2"]
+
+
+def test_forest_lp_agrees_with_the_planners_optimum():
+    """Two formulations of one LP: analysis/bounds.py's arborescence flows and the planner's
+    column generation with an MST oracle. Max relative difference over these graphs < 1e-7."""
+    worst = 0.0
+    for name, g, hosts in agreement_graphs():
+        ours, theirs = forest_rate_bps(g, hosts), planner_optimum(g, hosts)
+        worst = max(worst, abs(ours - theirs) / theirs)
+        assert ours == pytest.approx(theirs, rel=1e-7), name
+    assert worst < 1e-7
