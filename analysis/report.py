@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import bounds as bounds_mod
 from analysis import claims as claims_mod
 from analysis import fidelity, plots
 from analysis.speedup import METHOD, MIN_REPEATS, iteration_times, load_comparison, speedups
@@ -33,8 +34,9 @@ FIGURES = [  # (file stem, heading, function, caption)
      "Send rate of the busiest link directions of one run, with the configured rate (the bandwidth trace "
      "when shaped) dashed."),
     ("efficiency", "Efficiency against the analytic bound", plots.efficiency_plot,
-     "Left: each run's median iteration against its lower bound (max of compute and the busiest link's "
-     "bytes over its rate). Right: efficiency = bound / measured."),
+     "Left: each run's measured iteration (median; the mean where its bandwidth varied) against the lower "
+     "bound of its scheduler's model on the bandwidth the run had (see Bounds). Right: efficiency = bound / "
+     "measured."),
 ]
 
 
@@ -79,7 +81,7 @@ def summary(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str) -> pd.DataFr
                      "iteration (ms), 95% CI": _ci(t["iter_time_s"] * 1e3, t["ci_low"] * 1e3, t["ci_high"] * 1e3,
                                                    ".0f"),
                      f"speedup over {baseline}, 95% CI": speed, "blocked on gradients": f"{wait:.0%}",
-                     "efficiency": f"{grp['efficiency'].mean():.2f}" if "efficiency" in grp else "–",
+                     "efficiency": f"{grp['efficiency'].mean():.2f}" if grp["efficiency"].notna().any() else "–",
                      "fidelity passed": f"{int((fid == True).sum())}/{int(fid.notna().sum())}"  # noqa: E712
                                         if fid.notna().any() else "not judged",
                      "_sort": order.index(t["scheduler"])})
@@ -87,6 +89,47 @@ def summary(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str) -> pd.DataFr
     # Configurations in sweep order, schedulers in the canonical order within each
     df["_cfg"] = df["configuration"].map({c: i for i, c in enumerate(dict.fromkeys(times["config"]))})
     return df.sort_values(["_cfg", "_sort"]).drop(columns=["_cfg", "_sort"])
+
+
+def _ms(values: pd.Series) -> str:
+    return f"{values.mean() * 1e3:.0f}" if values.notna().any() else "–"
+
+
+def _bounds(runs: pd.DataFrame) -> list[str]:
+    """Which bound each scheduler's efficiency uses, and every bound of each configuration."""
+    used = runs.dropna(subset=["bound_model"]).groupby("bound_model", sort=False)["scheduler"]
+    out = ["Each run is judged against the optimum of the model its scheduler plays in (`analysis/bounds.py`): "
+           "bound = max(compute, that model's communication time at its optimum). The models in this sweep:", ""]
+    out += [f"- `{m}` ({', '.join(f'`{s}`' for s in plots.scheduler_order(scheds.unique()))}): "
+            f"{bounds_mod.MODELS.get(m, m)}." for m, scheds in used]
+    caps = runs["bound_capacity"].fillna("not computed").value_counts()
+    out += ["", "The cut bound (`cut_bound_s`, `cut_efficiency`) is the same for every scheduler and needs no model: "
+            + bounds_mod.MODELS["cut"]
+            + ". Capacity: " + "; ".join(f"{n} run(s) {c}" for c, n in caps.items()) + " (configured: the rates "
+            "of the topology; available: what the shaping schedule and the cross traffic left, averaged over the "
+            "measured window, and then the mean iteration is compared where the capacity varied inside it).", ""]
+    rows = []
+    order = plots.scheduler_order(runs["scheduler"])
+    for (config, sched), grp in runs.groupby(["config", "scheduler"], sort=False):
+        basis = ", ".join(sorted(grp["efficiency_basis"].dropna().unique())) or "–"
+        rows.append({"configuration": config, "scheduler": sched,
+                     "bound model": ", ".join(grp["bound_model"].dropna().unique()) or "–",
+                     "capacity": ", ".join(grp["bound_capacity"].fillna("not computed").unique()),
+                     "bound (ms)": _ms(grp["bound_s"]), "measured": basis, "efficiency": _mean(grp["efficiency"]),
+                     "cut bound (ms)": _ms(grp[["cut_bound_s", "compute_median_s"]].max(axis=1)),
+                     "cut efficiency": _mean(grp["cut_efficiency"]),
+                     "bound on configured rates (ms)": _ms(grp["bound_configured_s"]),
+                     "_sort": order.index(sched)})
+    table = pd.DataFrame(rows)
+    table["_cfg"] = table["configuration"].map({c: i for i, c in enumerate(dict.fromkeys(runs["config"]))})
+    out += [md_table(table.sort_values(["_cfg", "_sort"]).drop(columns=["_cfg", "_sort"])), "",
+            "Bounds in ms include compute (the larger of the two); efficiencies are means over runs. Measured: "
+            "the median iteration, or the mean over the measured window where the capacity varied in it."]
+    return out
+
+
+def _mean(values: pd.Series) -> str:
+    return f"{values.mean():.2f}" if values.notna().any() else "–"
 
 
 def _provenance(sweep_dir: Path, runs: pd.DataFrame) -> list[str]:
@@ -184,13 +227,16 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "
         path = out_dir / "report.md"
         path.write_text("\n".join(md) + "\n")
         return path
+    if "bound_model" not in runs or runs["bound_model"].isna().any():
+        runs = bounds_mod.annotate(runs, sweep_dir)  # rows from before the model bounds; in memory only
     facts = config_facts(runs, sweep_dir)
     md += ["## Setup", "", *_setup(runs_all, runs, facts), *_provenance(sweep_dir, runs), ""]
     md += ["## Summary", "", md_table(summary(runs, iters, baseline)), "",
            "Iteration time: geometric mean of the runs' median iteration times, or the median of pooled "
            "iterations (see Setup). Blocked on gradients: median time a worker waited for aggregates, as a "
-           "share of the median iteration. Efficiency: analytic lower bound / measured median "
-           "(1 = as fast as possible).", ""]
+           "share of the median iteration. Efficiency: the lower bound of the scheduler's model / measured "
+           "(1 = as fast as that model allows; see Bounds).", ""]
+    md += ["## Bounds", "", *_bounds(runs), ""]
     md += ["## Figures", ""]
     for stem, heading, fn, caption in FIGURES:
         md += [f"### {heading}", ""]

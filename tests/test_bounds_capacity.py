@@ -1,6 +1,6 @@
 """Bounds on the bandwidth a run actually had (analysis/capacity.py), each run's bound
 columns (analysis/bounds.py annotate) on run directories written here by hand, the
-committed mini set.
+committed mini set, and the report's Bounds section.
 
 Hand-computed cases (4 workers h0..h3 on a star at 100 Mb/s, G gradient bytes):
 - a 50 Mb/s flow t0 -> h0 over the whole window leaves s1->h0 50 Mb/s: forest
@@ -24,8 +24,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from analysis import report
 from analysis.bounds import COLUMNS, annotate, best_ring_bound_s, cut_bound_s, forest_bound_s, forest_rate_bps
 from analysis.capacity import Flow, available_capacity, route, run_capacity
+from analysis.speedup import load_comparison
 from analysis.tables import load_runs
 from contracts.role_spec import Address, RoleSpec, SchedulerChoice
 from tests.conftest import REPO
@@ -200,7 +202,7 @@ def test_run_capacity_of_a_static_run_is_the_configured_graph(tmp_path):
     assert run_capacity(g, row, tmp_path / "r").graph is g
 
 
-# --------------------------------------------------------------------------- mini set
+# --------------------------------------------------------------------------- mini set, report
 def test_mini_set_keeps_its_bounds_and_gains_the_new_columns():
     stored = load_runs(MINI)
     assert "bound_model" not in stored  # the committed set predates the model bounds
@@ -210,3 +212,22 @@ def test_mini_set_keeps_its_bounds_and_gains_the_new_columns():
     assert np.allclose(runs["efficiency"], stored["efficiency"], rtol=1e-12)  # the PS bound is as it was
     assert np.allclose(runs["bound_s"], runs["bound_configured_s"])
     assert (runs["cut_efficiency"] <= runs["efficiency"] + 1e-12).all()
+
+
+def test_report_says_which_bound_each_scheduler_uses(tmp_path):
+    g, hosts = star_graph([100] * 4, extra=[("ps", 400)])
+    rows = [write_run(tmp_path, s, g, hosts, s, secs(400 / 6), servers=["ps"] if s == "fifo" else ())
+            for s in ("fifo", "ring", "forest")]
+    runs = annotate(pd.DataFrame(rows), tmp_path).assign(config="star")
+    text = "\n".join(report._bounds(runs))
+    assert "- `ps` (`fifo`): parameter server" in text
+    assert "- `ring` (`ring`): ring all-reduce in the best order" in text
+    assert "- `forest` (`forest`): the optimal forest" in text
+    assert "3 run(s) configured" in text
+    assert "| star | forest | forest | configured | 120 | median | 1.00 | 80 | 0.67 | 120 |" in text
+
+
+def test_report_of_the_mini_set_has_a_bounds_section():
+    runs, _ = load_comparison(MINI)
+    text = "\n".join(report._bounds(annotate(runs, MINI)))
+    assert "- `ps` (`fifo`, `bytescheduler`)" in text and "8 run(s) configured" in text
