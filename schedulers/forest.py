@@ -74,6 +74,7 @@ class Chunk:
 
 
 MIN_CHUNK_NUMEL = 4096  # 16 KiB: below this, per-chunk Python costs dominate
+LATE_REFUSAL_S = 0.5    # how long a worker that failed at start-up still answers connecting peers
 
 
 def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int,
@@ -233,8 +234,32 @@ class Forest(Scheduler):
                 self._attach(h.sender, conn)
         except BaseException as e:  # noqa: BLE001 - handed to start(), which fails loudly
             errors.append(e)
+        try:
+            if expected - accepted:
+                reason = str(errors[0]) if errors else self._failure.reason
+                self._refuse_late(listener, reason or f"worker {self.rank} failed while starting",
+                                  min(deadline, time.monotonic() + LATE_REFUSAL_S), expected - accepted)
         finally:
             listener.close()
+
+    def _refuse_late(self, listener, reason: str, until: float, waiting: set[int]) -> None:
+        """After failing at start-up, answer peers that are still connecting with ABORT and the
+        reason for a moment, rather than closing the port on them: a refused connection only
+        says 'refused', and its worker would wait out its timeout to report that."""
+        waiting = set(waiting)
+        while waiting and time.monotonic() < until:
+            listener.settimeout(max(until - time.monotonic(), 0.01))
+            try:
+                sock, _addr = listener.accept()
+            except (TimeoutError, OSError):
+                return
+            conn = Connection(sock, "a late peer")
+            sock.settimeout(0.5)
+            try:
+                waiting.discard(conn.recv_header().sender)  # its HELLO: read, so closing sends FIN, not RST
+            except (OSError, CommError):
+                pass
+            conn.abort(reason, self.rank)
 
     def _attach(self, p: int, conn: Connection) -> None:
         """A connection that passed HELLO: give it an outbox and a receive thread."""
