@@ -17,7 +17,8 @@ tree, each worker keeping a copy and forwarding it to its children as it arrives
 trees and all chunks run at once over one connection per pair of tree neighbours, so
 aggregation of later chunks overlaps the broadcast of earlier ones. On a shared link,
 frames go by iteration, layer priority (nearest the input first), then how far into its
-tree's slice a chunk is, which interleaves trees in proportion to their slices.
+tree's slice a chunk is, which interleaves trees in proportion to their slices
+(`priority: false`: in the order they became ready, for comparison).
 
 Chunk size (`chunk_numel`, default 16384 floats = 64 KiB). Every chunk costs a fixed
 amount of Python time on top of its bytes, so small chunks waste CPU; but a chunk is
@@ -32,6 +33,7 @@ The transport's keepalive bounds the time to notice a host that vanished silentl
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import threading
 import time
@@ -51,6 +53,8 @@ class ForestParams(SchedulerParams):
     requires_servers: ClassVar[bool] = False
     chunk_numel: int = Field(default=16_384, gt=0, le=16_777_216,
                              description="largest chunk, floats (64 KiB; see the module docstring)")
+    priority: bool = Field(default=True, description="send the layers nearest the input first (Mercury's "
+                                                      "order, inside the trees); false: first come, first sent")
     slice_chunks: int = Field(default=8, ge=1, le=4096,
                               description="cut each tree's slice of a tensor into at least this many chunks "
                                           "(none under 4096 floats, 16 KiB)")
@@ -124,6 +128,7 @@ class Forest(Scheduler):
             raise ValueError(f"forest needs every worker's endpoint: got {len(ctx.workers)} for "
                              f"{ctx.num_workers} workers")
         self.n, self.rank = ctx.num_workers, ctx.rank
+        self._arrival = itertools.count()  # frame order when params.priority is off
         topo = None if ctx.topology is None else json.dumps(ctx.topology, sort_keys=True)
         self._plan = _cached_plan(topo, tuple(w.host for w in ctx.workers), params.epsilon)
         self.plan: dict[str, Any] = self._plan.to_dict()   # JSON: save it with the run
@@ -390,6 +395,8 @@ class Forest(Scheduler):
             self.event("recv", key, 0, it)
 
     def _order(self, key: int, ch: Chunk, it: int) -> tuple:
+        if not self.params.priority:
+            return (it, next(self._arrival))  # a link sends in the order its frames became ready
         return (it, self.specs[key].priority, key, ch.pos, ch.tree)
 
     def _receive(self, p: int) -> None:

@@ -328,3 +328,9 @@ def test_worker_that_leaves_early_is_named(who):
     for r in set(range(4)) - {early}:
         assert isinstance(out[r], CommError) and f"worker {early} (h{early}" in str(out[r]), out[r]
     assert took < 10
+
+
+def test_without_priority_the_averages_are_the_same():
+    """priority: false only reorders frames on each link (first come, first sent)."""
+    hosts = [f"h{i}" for i in range(4)]
+    allreduce_job(hosts, star([100, 100, 10, 10]), SIZES, 2, {"priority": False, "chunk_numel": 2048})
