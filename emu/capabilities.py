@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from emu import machine
+from emu.cleanup import CGROUP_ROOT, CPU_CGROUPS
+
 QDISCS = ("htb", "tbf", "netem", "pfifo", "bfifo", "prio", "fq", "fq_codel", "sfq", "red", "ingress")
 _KCONFIG = {"htb": "NET_SCH_HTB", "tbf": "NET_SCH_TBF", "netem": "NET_SCH_NETEM", "prio": "NET_SCH_PRIO",
             "fq": "NET_SCH_FQ", "fq_codel": "NET_SCH_FQ_CODEL", "sfq": "NET_SCH_SFQ", "red": "NET_SCH_RED",
@@ -99,20 +102,20 @@ def cgroup_controllers() -> dict[str, str]:
     return out
 
 
+def missing_cgroup_mounts() -> list[str]:
+    """Of the cgroup v1 controllers a CPU-limited host needs, those not mounted."""
+    have = cgroup_controllers()
+    return [c for c in CPU_CGROUPS if have.get(c) != "v1"]
+
+
 def tcp_congestion_controls() -> list[str]:
     """Congestion controls this kernel has now (built in or loaded), in its own order."""
-    try:
-        return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
-    except OSError:
-        return []
+    return (machine.read_sysctl(machine.AVAILABLE_CC) or "").split()
 
 
 def tcp_default_congestion_control() -> str | None:
     """The machine's default, which new network namespaces inherit unless a run sets its own."""
-    try:
-        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
-    except OSError:
-        return None
+    return machine.read_sysctl("net.ipv4.tcp_congestion_control")
 
 
 def switches() -> dict[str, bool]:
@@ -144,10 +147,8 @@ class Check:
 
 
 def _sysctl_checks() -> list[Check]:
-    from emu import machine
-
     out = []
-    avail = (machine.read_sysctl(machine.AVAILABLE_CC) or "").split()
+    avail = tcp_congestion_controls()
     allowed = machine.read_sysctl(machine.ALLOWED_CC) or "?"
     out.append(Check("sysctl", machine.AVAILABLE_CC, "cubic" in avail, " ".join(avail) or "?",
                      "tcp.congestion_control must be one of these (default cubic); others are refused before a run"))
@@ -177,8 +178,7 @@ def _sysctl_checks() -> list[Check]:
 
 def _forward_policy() -> Check:
     """With bridge netfilter on, a FORWARD policy of DROP (Docker sets it) drops the emulated traffic."""
-    nf = (Path("/proc/sys/net/bridge/bridge-nf-call-iptables").read_text().strip()
-          if Path("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() else "0")
+    nf = machine.read_sysctl("net.bridge.bridge-nf-call-iptables") or "0"
     if nf != "1" or not shutil.which("iptables") or os.geteuid() != 0:
         return Check("firewall", "iptables FORWARD", True, "not consulted for bridged frames" if nf != "1"
                      else "unknown (no iptables command, or not root)", "nothing to do")
@@ -191,8 +191,6 @@ def _forward_policy() -> Check:
 
 def checks() -> list[Check]:
     """Every piece of machine state the harness depends on or changes (README: Machine requirements)."""
-    from emu import machine
-
     out: list[Check] = []
     root = os.geteuid() == 0
     out.append(Check("user", "root", root, "root" if root else f"uid {os.geteuid()}",
@@ -213,12 +211,12 @@ def checks() -> list[Check]:
         ok = Path(path).exists() or (feature != "network namespaces" and bool(q.get("htb")))
         out.append(Check("kernel", feature, ok, "yes" if ok else "not found",
                          "built in or auto-loaded on first use; a loaded module stays loaded"))
-    missing = machine.missing_cgroup_mounts()
+    missing = missing_cgroup_mounts()
     out.append(Check("cgroup", "cpu, cpuacct, cpuset (v1)", not missing,
-                     "mounted" if not missing else f"{', '.join(missing)} not mounted under {machine.CGROUP_V1}",
+                     "mounted" if not missing else f"{', '.join(missing)} not mounted under {CGROUP_ROOT}",
                      "needed only for host_cpu; one group per limited host, recorded and removed with the network"
                      + ("" if not missing else f"; fix: mount -t cgroup -o {missing[0]} {missing[0]} "
-                        f"{machine.CGROUP_V1}/{missing[0]}")))
+                        f"{CGROUP_ROOT}/{missing[0]}")))
     state_root = Path(os.environ.get("SCHEDLAB_STATE_DIR", "/run/schedlab"))
     parent = state_root if state_root.exists() else state_root.parent
     writable = os.access(parent, os.W_OK)

@@ -23,6 +23,7 @@ from emu.machine import read_sysctl, write_sysctl
 
 STATE_ROOT = Path(os.environ.get("SCHEDLAB_STATE_DIR", "/run/schedlab"))
 CGROUP_ROOT = "/sys/fs/cgroup"  # cgroup v1 hierarchies, one directory per controller
+CPU_CGROUPS = ("cpu", "cpuacct", "cpuset")  # where Mininet's CPULimitedHost makes a host's group
 
 
 def start_time(pid: int) -> int | None:
@@ -179,7 +180,7 @@ class StateDir:
                 found.append(f"link {name}")
                 delete_link(name)
         for name in self.cgroups():
-            dirs = [d for d in (Path(CGROUP_ROOT) / c / name for c in ("cpu", "cpuacct", "cpuset")) if d.is_dir()]
+            dirs = [d for d in (Path(CGROUP_ROOT) / c / name for c in CPU_CGROUPS) if d.is_dir()]
             if dirs:
                 found.append(f"cgroup {name}")
             for d in dirs:

@@ -71,24 +71,6 @@ def allowed_with(name: str) -> str | None:
     return None if name in allowed else " ".join([*allowed, name])
 
 
-CGROUP_V1 = Path("/sys/fs/cgroup")
-CPU_CGROUPS = ("cpu", "cpuacct", "cpuset")  # what Mininet's CPULimitedHost creates a group in
-
-
-def missing_cgroup_mounts() -> list[str]:
-    """Of the cgroup v1 controllers a CPU-limited host needs, those not mounted at their usual place."""
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return list(CPU_CGROUPS)
-    have = set()
-    for line in mounts:
-        parts = line.split()
-        if len(parts) > 3 and parts[2] == "cgroup":
-            have.update(c for c in parts[3].split(",") if parts[1] in (f"{CGROUP_V1}/{c}", f"{CGROUP_V1}/cpu,cpuacct"))
-    return [c for c in CPU_CGROUPS if c not in have]
-
-
 def raise_process_limits() -> None:
     """Open files and processes for this orchestrator (per process, not machine-wide)."""
     for which, want in ((resource.RLIMIT_NPROC, 8192), (resource.RLIMIT_NOFILE, 16384)):

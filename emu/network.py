@@ -24,7 +24,7 @@ from mininet.net import Mininet
 from mininet.node import CPULimitedHost, Host
 from mininet.nodelib import LinuxBridge
 
-from emu import machine, tc
+from emu import capabilities, machine, tc
 from emu.cleanup import StateDir, kill_group, start_time
 from emu.topology import mininet_topo
 from emu.topospec import NetSpec
@@ -111,11 +111,11 @@ class Testbed:
         Mininet.inited = True
         machine.raise_process_limits()
         if self.host_cpu:
-            missing = machine.missing_cgroup_mounts()
+            missing = capabilities.missing_cgroup_mounts()
             if missing:
-                raise NetworkError(f"host_cpu needs the cgroup v1 controller(s) {', '.join(missing)} mounted under "
-                                   f"{machine.CGROUP_V1} (./inv doctor says how); Mininet would mount them and "
-                                   f"never unmount them, so the harness does not")
+                raise NetworkError(f"host_cpu needs the cgroup v1 controller(s) {', '.join(missing)} mounted "
+                                   f"(./inv doctor says how); Mininet would mount them and never unmount them, "
+                                   f"so the harness does not")
             CPULimitedHost.inited = True  # its init() only mounts cpuset, which is mounted
         for limit in machine.RUN_LIMITS:
             have = machine.read_sysctl(limit.key)
@@ -123,7 +123,7 @@ class Testbed:
                 self.state.change_sysctl(limit.key, str(limit.at_least))
         cc = self.tcp_congestion_control
         if cc is not None:
-            if cc not in (machine.read_sysctl(machine.AVAILABLE_CC) or "").split():
+            if cc not in capabilities.tcp_congestion_controls():
                 raise NetworkError(f"tcp congestion control {cc!r} is not available in this kernel")
             allowed = machine.allowed_with(cc)
             if allowed is not None:
