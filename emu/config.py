@@ -222,11 +222,14 @@ class Sections:
     schedulers: Mapping[str, type[BaseModel]] = field(default_factory=dict)
 
 
-def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path = Path(".")) -> Experiment:
+def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path = Path("."),
+                        traces: dict | None = None) -> Experiment:
     """One experiment from its raw config: the model, then the upper layers' sections through
     `sections`, with their defaults filled in, so that `run_id` hashes the values a run uses.
-    `base_dir`: where relative trace paths start (the config file's directory)."""
-    ctx = {"base_dir": str(base_dir)}
+    `base_dir`: where relative trace paths start (the config file's directory). `traces`:
+    parsed trace files by file identity, shared by the experiments of one plan (the model is
+    validated twice per experiment, and a plan's experiments often share a trace)."""
+    ctx = {"base_dir": str(base_dir), "traces": {} if traces is None else traces}
     try:
         exp = Experiment.model_validate(raw, context=ctx)
     except ValidationError as e:

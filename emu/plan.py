@@ -28,8 +28,8 @@ MAX_RUNS = 5_000
 # experiment's network (a host or link costs about ten values to validate): about 0.5 s.
 MAX_PLAN_SIZE = 1_000_000
 
-_PLAN_KEYS = ("base", "set", "grid", "zip", "seeds", "repeats")
 _EXPANDED = ("grid", "zip", "seeds", "repeats")
+_PLAN_KEYS = ("base", "set", *_EXPANDED)
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,10 @@ class Plan:
     repeats: int
     source: Path
     points: list[dict[str, Any]] = field(default_factory=list)  # the grid/zip values of each experiment
+
+    def __post_init__(self) -> None:
+        if not self.points:  # no grid: one empty point per experiment
+            object.__setattr__(self, "points", [{} for _ in self.experiments])
 
 
 def at_point(err: ConfigError, point: dict[str, Any]) -> ConfigError:
@@ -209,6 +213,7 @@ def _expand(raw: dict[str, Any], grid: dict[str, list], zipped: dict[str, list],
     points: list[dict[str, Any]] = []
     keys = list(grid)
     size = 0
+    traces: dict = {}
     for combo in itertools.product(*(grid[k] for k in keys)):
         for zp in zip_points:
             point = {**dict(zip(keys, combo, strict=True)), **zp}
@@ -216,7 +221,7 @@ def _expand(raw: dict[str, Any], grid: dict[str, list], zipped: dict[str, list],
             for k, v in point.items():
                 set_dotted(variant, k, v, copy_path=True)
             try:
-                experiments.append(validate_experiment(variant, sections, base_dir))
+                experiments.append(validate_experiment(variant, sections, base_dir, traces))
             except ConfigError as e:
                 raise at_point(e, point) from None
             points.append(point)

@@ -127,7 +127,10 @@ class _TraceFile(_Strict):
                    st.st_size, st.st_mtime_ns)
         except (OSError, ValueError):
             key = None
-        hit = _PARSED.get(key) if key is not None else None
+        cache = (info.context or {}).get("traces")
+        if cache is None or key is None:
+            cache, key = {}, None
+        hit = cache.get(key)
         if hit is None:
             try:
                 data = read_bounded(path, MAX_TRACE_BYTES)
@@ -136,9 +139,7 @@ class _TraceFile(_Strict):
                 raise ValueError(f"file: cannot read {e.where}: {e.reason}") from None
             hit = (*self._parse(text), hashlib.sha256(data).hexdigest()[:16])
             if key is not None:
-                if len(_PARSED) >= 64:
-                    _PARSED.clear()
-                _PARSED[key] = hit
+                cache[key] = hit
         pts, period, sha = hit
         object.__setattr__(self, "sha256", sha)
         self._points, self._period = pts, period
@@ -241,10 +242,6 @@ class CsvTrace(_TraceFile):
             step = pts[-1][0] - pts[-2][0] if len(pts) > 1 else 1.0
             period = pts[-1][0] + step
         return pts, period
-
-
-_PARSED: dict[tuple, tuple[Points, float, str]] = {}  # parsed traces by file identity: a sweep validates
-# each of its experiments, and a long trace takes a while to parse
 
 
 Schedule = Annotated[Steps | Square | OnOff | Mahimahi | CsvTrace, Field(discriminator="kind")]

@@ -15,7 +15,7 @@ from emu.plan import load_plan
 from emu.results import merge, record_run
 from emu.sweep import shard_of, unique_runs
 from tasks import _sections
-from tests.conftest import invoke, invoke_popen, needs_root
+from tests.conftest import REPO, invoke, invoke_popen, needs_root
 from tests.test_config import GOOD
 
 
@@ -166,3 +166,19 @@ def test_kill_9_mid_sweep_then_resume_runs_each_once(tmp_path, no_leftovers):
     # rows written before the kill are untouched
     first = before.iloc[0]
     assert after.set_index("run_id").loc[first["run_id"], "started_at"] == first["started_at"]
+
+
+def test_a_plan_parses_each_trace_file_once(tmp_path, monkeypatch):
+    """Five grid points share the time-varying example's two traces: each is parsed once per
+    plan (the model is validated twice per experiment), not once per validation."""
+    from emu.shaping import CsvTrace, Mahimahi
+
+    calls = []
+    for cls in (Mahimahi, CsvTrace):
+        original = cls._parse
+        monkeypatch.setattr(cls, "_parse", lambda self, text, _o=original: calls.append(1) or _o(self, text))
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"base": str(REPO / "configs" / "examples" / "time_varying.yaml"),
+                                     "seeds": [0, 1, 2, 3, 4]}))
+    assert len(load_plan(sweep, _sections()).experiments) == 5
+    assert len(calls) == 2
