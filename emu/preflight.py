@@ -42,16 +42,13 @@ class _Machine:
         return self._netem
 
 
-def _refusal(exp: Experiment, machine: _Machine, cleared: set[str]) -> str | None:
-    """Why this machine cannot run `exp` (the first reason), or None. `cleared`: congestion
-    controls already found available in this check."""
+def _refusal(exp: Experiment, machine: _Machine) -> str | None:
+    """Why this machine cannot run `exp` (the first reason), or None."""
     cc = exp.tcp.congestion_control
-    if cc not in cleared:
-        have = machine.congestion_controls()
-        if have and cc not in have:  # nothing listed: /proc unreadable, so not known to be missing
-            return (f"tcp.congestion_control: {cc!r} is not available in this kernel ({platform.release()}); "
-                    f"it has: {', '.join(have)}")
-        cleared.add(cc)
+    have = machine.congestion_controls()
+    if have and cc not in have:  # nothing listed: /proc unreadable, so not known to be missing
+        return (f"tcp.congestion_control: {cc!r} is not available in this kernel ({platform.release()}); "
+                f"it has: {', '.join(have)}")
     if exp.host_cpu and not machine.cpu_controller():
         return "host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
     netem = exp.net.needs_netem()
@@ -67,12 +64,12 @@ def check(plan: Plan | Iterable[Experiment]) -> None:
     experiment of `plan` that this machine cannot emulate."""
     if isinstance(plan, Plan):
         experiments: list[Experiment] = plan.experiments
-        points: list[dict[str, Any]] = plan.points or [{} for _ in experiments]
+        points: list[dict[str, Any]] = plan.points
     else:
         experiments = list(plan)
         points = [{} for _ in experiments]
-    machine, cleared = _Machine(), set()
+    machine = _Machine()
     for exp, point in zip(experiments, points, strict=True):
-        reason = _refusal(exp, machine, cleared)
+        reason = _refusal(exp, machine)
         if reason is not None:
             raise at_point(ConfigError(reason), point)

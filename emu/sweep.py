@@ -53,7 +53,7 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
     preflight.check(plan)
     sweep_dir = results_root / plan.name
     done = set() if force else completed(sweep_dir)
-    points = plan.points or [{} for _ in plan.experiments]
+    points = plan.points
     todo = shard_of(unique_runs([(e, r, p) for e, p in zip(plan.experiments, points, strict=True)
                                  for r in range(plan.repeats)]), shard)
     pending = sum(1 for e, r, _ in todo if e.run_id(r) not in done)

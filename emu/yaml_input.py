@@ -150,7 +150,7 @@ class YamlSyntaxError(InputError):
 
 
 def parse(text: str, where: str) -> Any:
-    """One YAML document, composed under the limits above, then checked by `check_values`.
+    """One YAML document, composed under the limits above (callers then run `check_values`).
     Errors read `where: line N: reason`."""
     loader = _Bounded(text)
     try:

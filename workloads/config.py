@@ -94,4 +94,3 @@ class WorkloadConfig(BaseModel):
                     if "not found" in shown and self.profile is None else ""
                 raise ValueError(f"workload.profile: {shown}{hint}") from None
         return self
-
