@@ -33,7 +33,6 @@ The transport's keepalive bounds the time to notice a host that vanished silentl
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import threading
 import time
@@ -46,7 +45,7 @@ from pydantic import Field
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.failure import Failure
 from schedulers.forest_plan import DEFAULT_EPSILON, ForestPlan, Tree, plan_forest
-from schedulers.transport import Connection, Kind, Outbox, connect, listen
+from schedulers.transport import Connection, Kind, Outbox, connect, listen, stream_chunk_numel
 
 
 class ForestParams(SchedulerParams):
@@ -77,15 +76,13 @@ class Chunk:
     pos: float      # how far into its tree's slice of the tensor (0 = first chunk)
 
 
-MIN_CHUNK_NUMEL = 4096  # 16 KiB: below this, per-chunk Python costs dominate
 LATE_REFUSAL_S = 0.5    # how long a worker that failed at start-up still answers connecting peers
 
 
 def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int,
            slice_chunks: int = 1) -> dict[int, list[Chunk]]:
     """Chunks of every tensor, by key; identical on every worker for the same inputs. A slice
-    of n floats is cut into chunks of min(chunk_numel, max(MIN_CHUNK_NUMEL, n / slice_chunks)),
-    so a tree link forwards a stream rather than whole-slice bursts (see ring.py's chunk_numel)."""
+    streams in at least `slice_chunks` chunks of at most chunk_numel (transport.stream_chunk_numel)."""
     bounds_of = np.cumsum(fractions)
     load = [0] * len(fractions)
     total = 0
@@ -99,7 +96,7 @@ def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int,
             slices = [(k, 0, t.numel)]
         chunks = []
         for k, lo, hi in slices:
-            size = min(chunk_numel, max(MIN_CHUNK_NUMEL, -(-(hi - lo) // slice_chunks)))
+            size = stream_chunk_numel(hi - lo, slice_chunks, chunk_numel)
             starts = range(lo, hi, size)
             chunks += [Chunk(k, a, min(a + size, hi), q / len(starts)) for q, a in enumerate(starts)]
             load[k] += hi - lo
@@ -128,7 +125,6 @@ class Forest(Scheduler):
             raise ValueError(f"forest needs every worker's endpoint: got {len(ctx.workers)} for "
                              f"{ctx.num_workers} workers")
         self.n, self.rank = ctx.num_workers, ctx.rank
-        self._arrival = itertools.count()  # frame order when params.priority is off
         topo = None if ctx.topology is None else json.dumps(ctx.topology, sort_keys=True)
         self._plan = _cached_plan(topo, tuple(w.host for w in ctx.workers), params.epsilon)
         self.plan: dict[str, Any] = self._plan.to_dict()   # JSON: save it with the run
@@ -201,10 +197,10 @@ class Forest(Scheduler):
                 raise accept_errors[0]
             self._failure.check()
         except BaseException as e:
+            self._fail(str(e))          # first, so peers still connecting are told why; no-op after an ABORT
             stop.set()
             if acceptor is not None:
                 acceptor.join()
-            self._fail(str(e))          # no-op when an ABORT from a peer came first
             self._failure.check()
             raise
 
@@ -396,7 +392,7 @@ class Forest(Scheduler):
 
     def _order(self, key: int, ch: Chunk, it: int) -> tuple:
         if not self.params.priority:
-            return (it, next(self._arrival))  # a link sends in the order its frames became ready
+            return (it,)  # the outbox breaks ties in the order frames were queued: first come, first sent
         return (it, self.specs[key].priority, key, ch.pos, ch.tree)
 
     def _receive(self, p: int) -> None:

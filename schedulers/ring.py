@@ -3,8 +3,9 @@
 Buckets: DDP's (`buckets.py`). A bucket is launched the moment its last gradient is
 pushed, so buckets go out in readiness order.
 
-Ring. Worker i sends only to worker i+1 and receives only from worker i-1. A bucket is
-cut into one segment per worker and each segment into chunks (`chunk_numel`). Segment s is
+Ring. The worker at ring position p (rank order, or the searched `order: topology`) sends
+only to p+1 and receives only from p-1. A bucket is cut into one segment per worker and
+each segment into chunks (`chunk_numel`). Segment s is
 reduced along s+1 -> s+2 -> ... -> s (reduce-scatter: each hop adds its own values and
 passes the partial sum on), averaged at s, then passed s -> s+1 -> ... -> s-1
 (all-gather). That is 2(n-1)/n of the bucket over every link, the bandwidth optimum.
@@ -39,9 +40,15 @@ from schedulers.base import CommError, RoleContext, Scheduler, TensorSpec
 from schedulers.buckets import BucketParams, BucketState, plan_buckets
 from schedulers.failure import Failure
 from schedulers.forest_plan import LinkModel
-from schedulers.transport import Connection, Kind, Outbox, connect, listen
-
-MIN_CHUNK_NUMEL = 4096  # 16 KiB: below this, per-frame costs dominate
+from schedulers.transport import (  # noqa: F401 - MIN_CHUNK_NUMEL: part of the ring chunking rule
+    MIN_CHUNK_NUMEL,
+    Connection,
+    Kind,
+    Outbox,
+    connect,
+    listen,
+    stream_chunk_numel,
+)
 
 
 class RingParams(BucketParams):
@@ -74,13 +81,10 @@ def ring_order(topology: dict | None, hosts: list[str], how: str) -> list[int]:
 
 
 def chunk_numel(bucket_numel: int, n: int, params: RingParams) -> int:
-    """Floats per chunk: at most chunk_kb, and small enough that each of the n segments is
-    `segment_chunks` chunks. A hop then forwards a stream as it arrives rather than a whole
-    segment in one burst: a burst into a slow link grows TCP's window until the queue drops,
-    and a drop at a burst's tail waits for a retransmission timeout."""
-    largest = max(1, params.chunk_kb * 1024 // 4)
+    """Floats per chunk: each of the n segments streams in `segment_chunks` chunks of at most
+    chunk_kb (transport.stream_chunk_numel)."""
     segment = -(-bucket_numel // max(n, 1))
-    return min(largest, max(MIN_CHUNK_NUMEL, -(-segment // params.segment_chunks)))
+    return stream_chunk_numel(segment, params.segment_chunks, max(1, params.chunk_kb * 1024 // 4))
 
 
 # ---------------------------------------------------------------------------- ring state
@@ -96,7 +100,7 @@ class RingBucket(BucketState):
     """A bucket and its progress at this worker. inp holds our gradients, out the averages."""
 
     chunks: list[Chunk]
-    own: list[int]                 # chunks this worker starts (segment rank-1)
+    own: list[int]                 # chunks this worker starts (segment position-1)
     inp: np.ndarray
     out: np.ndarray
     finished: int = 0              # chunks of launched_it whose average is in `out`

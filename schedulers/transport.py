@@ -324,6 +324,18 @@ class Outbox:
         self.conn.abort(reason, self.sender)
 
 
+MIN_CHUNK_NUMEL = 4096  # 16 KiB of float32: below this, per-frame Python costs dominate
+
+
+def stream_chunk_numel(numel: int, parts: int, largest: int) -> int:
+    """Floats per chunk when `numel` floats go out as at least `parts` chunks, none under
+    MIN_CHUNK_NUMEL (unless `largest` is smaller) and none over `largest`. A hop then
+    forwards a stream as it arrives rather than a whole block in one burst: a burst into a
+    slow link grows TCP's window until the queue drops, and a drop at a burst's tail waits
+    for a retransmission timeout."""
+    return min(largest, max(MIN_CHUNK_NUMEL, -(-numel // parts)))
+
+
 def abort_all(outboxes: list[Outbox], reason: str) -> None:
     """Abort several connections at once, so the time this takes stays ABORT_LOCK_S however
     many peers are in the middle of a long frame."""
