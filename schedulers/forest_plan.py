@@ -36,11 +36,12 @@ where switches aggregate, or routing over several paths, can do better.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import zlib
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,17 +51,21 @@ MIN_FRACTION = 1e-3  # a tree carrying less is not worth its connections and fra
 
 
 # ---------------------------------------------------------------------------- the model
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class LinkModel:
-    """Links (directed, capacity in bit/s) and, per worker pair, how often a tree edge
-    between them crosses each link: `pair_load[i, j, e]` counts path i->j plus path j->i."""
+    """Links (directed, capacity in bit/s) and, per worker pair, how often the path i->j
+    crosses each link (`hop_load[i, j, e]`); a tree edge between i and j loads
+    `pair_load[i, j] = hop_load[i, j] + hop_load[j, i]`."""
 
     links: tuple[tuple[str, str], ...]
     capacity: np.ndarray            # (m,)
-    pair_load: np.ndarray           # (n, n, m), symmetric in i, j
-    ring_load: np.ndarray           # (m,): links crossed by the directed ring 0->1->..->n-1->0
+    hop_load: np.ndarray            # (n, n, m)
     assumed: bool = False           # True: no topology was given; a uniform star is assumed
-    hop_load: np.ndarray | None = None  # (n, n, m): links crossed by the path i->j
+
+    @functools.cached_property
+    def pair_load(self) -> np.ndarray:
+        """(n, n, m), symmetric in i, j."""
+        return self.hop_load + self.hop_load.transpose(1, 0, 2)
 
     @property
     def num_workers(self) -> int:
@@ -101,19 +106,12 @@ class LinkModel:
                     v = prev[v]
                 paths[(src, dst)] = hops
         n, m = len(hosts), len(links)
-        pair_load = np.zeros((n, n, m))
-        for i in range(n):
-            for j in range(n):
-                if i != j:
-                    for k in paths[(hosts[i], hosts[j])] + paths[(hosts[j], hosts[i])]:
-                        pair_load[i, j, k] += 1
         hop_load = np.zeros((n, n, m))
         for i in range(n):
             for j in range(n):
                 for k in paths[(hosts[i], hosts[j])]:
                     hop_load[i, j, k] += 1
-        ring_load = sum((hop_load[i, (i + 1) % n] for i in range(n)), np.zeros(m)) if n > 1 else np.zeros(m)
-        return cls(links, np.array([cap[link] for link in links]), pair_load, ring_load, hop_load=hop_load)
+        return cls(links, np.array([cap[link] for link in links]), hop_load)
 
     @classmethod
     def uniform_star(cls, n: int) -> LinkModel:
@@ -123,8 +121,7 @@ class LinkModel:
         links = [{"source": h, "target": "switch", "capacity": 1.0} for h in hosts]
         links += [{"source": "switch", "target": h, "capacity": 1.0} for h in hosts]
         model = cls.from_graph({"nodes": nodes, "links": links}, hosts)
-        return cls(model.links, model.capacity, model.pair_load, model.ring_load, assumed=True,
-                   hop_load=model.hop_load)
+        return dataclasses.replace(model, assumed=True)
 
     def tree_load(self, edges: tuple[tuple[int, int], ...]) -> np.ndarray:
         if not edges:
@@ -138,12 +135,11 @@ class LinkModel:
         return float(np.min(self.capacity[used] / load[used])) if used.any() else math.inf
 
     def ring_rate(self) -> float:
-        """Ring all-reduce over ranks in order: every ring hop carries 2(n-1)/n of the gradient."""
-        n = self.num_workers
-        return self.rate_of(self.ring_load * 2 * (n - 1) / n) if n > 1 else math.inf
+        """Ring all-reduce over ranks in order."""
+        return self.ring_rate_of(list(range(self.num_workers)))
 
     def ring_rate_of(self, order: list[int]) -> float:
-        """Ring all-reduce along `order` (a list of ranks), as ring_rate() for rank order."""
+        """Ring all-reduce along `order` (a list of ranks): every hop carries 2(n-1)/n of the gradient."""
         n = len(order)
         if n < 2:
             return math.inf
@@ -276,7 +272,7 @@ def lp_optimum(model: LinkModel, max_rounds: int = 2000) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------- the plan
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Tree:
     root: int
     parent: tuple[int, ...]     # parent[rank]; -1 at the root
@@ -293,7 +289,7 @@ class Tree:
         return max(d(v) for v in range(len(self.parent)))
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ForestPlan:
     hosts: tuple[str, ...]
     trees: tuple[Tree, ...]
