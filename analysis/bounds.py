@@ -16,7 +16,8 @@ what each one is, and the report quotes it):
   order. On a tree (every topology of the testbed is one) a ring must cross each link
   direction that separates workers at least once, and the order of a depth-first walk of
   the tree crosses each exactly once, so that order is optimal for every set of rates (ring's
-  `order: topology` searches for such an order). The ring in the order the ranks were given
+  `order: topology` finds such an order by exhaustive search up to 9 workers; beyond, it keeps
+  rank order and is judged against an order it does not try). The ring in the order the ranks were given
   (gloo's, and ring's `order: given`) is kept beside it as `ring_rank_order_bound_s`; their
   efficiency shows what that order costs.
 - "forest" (forest): the optimal fractional packing of spanning trees of the workers,
@@ -150,8 +151,8 @@ def cut_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
     hosts = list(dict.fromkeys(workers))  # workers sharing a host exchange without a link
     if len(hosts) < 2:
         return 0.0
-    if len(hosts) <= 12:
-        sides = [c for k in range(1, len(hosts)) for c in itertools.combinations(hosts, k)]
+    if len(hosts) <= 12:  # each split once: the side that holds hosts[0]; both directions below
+        sides = [(hosts[0], *c) for k in range(len(hosts) - 1) for c in itertools.combinations(hosts[1:], k)]
     else:
         sides = [(w,) for w in hosts]
     worst = 0.0
@@ -257,13 +258,6 @@ def model_bound_s(model: str, g: nx.DiGraph, workers: list[str], servers: list[s
     return cut_bound_s(g, workers, grad_bytes)
 
 
-def comm_bound_s(scheduler: str, g: nx.DiGraph, workers: list[str], servers: list[str],
-                 grad_bytes: float) -> tuple[float, float]:
-    """(the optimum of this scheduler's model, the cut bound), both on capacity graph g."""
-    model = bound_model(scheduler, workers, servers)
-    return model_bound_s(model, g, workers, servers, grad_bytes), cut_bound_s(g, workers, grad_bytes)
-
-
 def run_bounds(run, run_dir: Path) -> dict:
     """Every bound column of one completed run (see the module docstring)."""
     g = _graph(str(run_dir))
@@ -271,7 +265,8 @@ def run_bounds(run, run_dir: Path) -> dict:
     grad = float(run["num_params"]) * 4
     model = bound_model(run["scheduler"], workers, servers)
     cap = run_capacity(g, run, run_dir)
-    comm, cut = comm_bound_s(run["scheduler"], cap.graph, workers, servers, grad)
+    cut = cut_bound_s(cap.graph, workers, grad)
+    comm = cut if model == "cut" else model_bound_s(model, cap.graph, workers, servers, grad)
     configured = comm if cap.graph is g else model_bound_s(model, g, workers, servers, grad)
     compute = float(run["compute_median_s"])
     mean = cap.varies and pd.notna(run.get("iter_time_mean_s"))

@@ -179,7 +179,7 @@ def run_capacity(g: nx.DiGraph, run, run_dir: Path) -> Capacity:
     if window is None:
         return Capacity(g, "configured (no monitor clock in the row to place the run's window)")
     links_path = run_dir / "links.parquet"
-    links = pd.read_parquet(links_path) if links_path.exists() else None
+    links = pd.read_parquet(links_path, columns=["link", "t", "configured_bps"]) if links_path.exists() else None
     if shaped and links is None:
         return Capacity(g, "configured (no links.parquet for the shaped rates)")
     last_t = float(links["t"].max()) if links is not None and len(links) else window[1]
