@@ -36,15 +36,18 @@ import functools
 import json
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
+from schedulers.bandwidth import skeleton, structure
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.failure import Failure
 from schedulers.forest_plan import DEFAULT_EPSILON, ForestPlan, Tree, plan_forest
+from schedulers.forest_replan import PROBE_FRAME, Replanner
 from schedulers.transport import Connection, Kind, Outbox, connect, listen, stream_chunk_numel
 
 
@@ -59,6 +62,13 @@ class ForestParams(SchedulerParams):
                                           "(none under 4096 floats, 16 KiB)")
     epsilon: float = Field(default=DEFAULT_EPSILON, gt=0, lt=0.5,
                            description="Garg-Konemann accuracy: plan rate >= (1-eps)^3 of the optimum")
+    bandwidth: Literal["measured", "configured"] = Field(
+        default="measured", description="measured: plan on what a probe at start-up measures and re-plan when "
+        "the all-reduce time changes (forest_replan.py); configured: plan once on the capacity graph's rates")
+    probe_s: float = Field(default=0.3, gt=0.05, le=10, description="length of one probe round, s (n + 1 rounds)")
+    replan_threshold: float = Field(default=0.15, gt=0, le=10,
+                                    description="re-plan when an iteration's all-reduce time leaves "
+                                                "[ref / (1 + t), ref * (1 + t)]")
 
 
 @functools.lru_cache(maxsize=8)
@@ -125,13 +135,23 @@ class Forest(Scheduler):
             raise ValueError(f"forest needs every worker's endpoint: got {len(ctx.workers)} for "
                              f"{ctx.num_workers} workers")
         self.n, self.rank = ctx.num_workers, ctx.rank
-        topo = None if ctx.topology is None else json.dumps(ctx.topology, sort_keys=True)
-        self._plan = _cached_plan(topo, tuple(w.host for w in ctx.workers), params.epsilon)
-        self.plan: dict[str, Any] = self._plan.to_dict()   # JSON: save it with the run
-        self.trees: tuple[Tree, ...] = self._plan.trees
-        self.parent = [t.parent[self.rank] for t in self.trees]
-        self.children = [t.children(self.rank) for t in self.trees]
-        self.peers = sorted({p for p in self.parent if p >= 0} | {c for cs in self.children for c in cs})
+        hosts = [w.host for w in ctx.workers]
+        self.replanner: Replanner | None = None
+        self.plans: list[dict[str, Any]] = []   # every plan's record: when, why, on what rates
+        if params.bandwidth == "measured" and self.n > 1:
+            graph, nodes, model = structure(ctx.topology, hosts)
+            self.replanner = Replanner(self, graph, nodes, model, params.probe_s, params.replan_threshold,
+                                       params.epsilon, assumed=graph is not ctx.topology)
+            self._fingerprint = zlib.crc32(json.dumps(["measured", hosts, skeleton(ctx.topology)]).encode())
+            self.peers = [p for p in range(self.n) if p != self.rank]   # any two may share a tree later
+            self._plan: ForestPlan | None = None
+            self.plan, self.trees, self.parent, self.children = {}, (), [], []
+        else:
+            topo = None if ctx.topology is None else json.dumps(ctx.topology, sort_keys=True)
+            plan = _cached_plan(topo, tuple(hosts), params.epsilon)
+            self._fingerprint = plan.digest()
+            self._set_plan(plan)
+            self.peers = sorted({p for p in self.parent if p >= 0} | {c for cs in self.children for c in cs})
         self._failure = Failure(f"worker {self.rank}")
         self._cv = self._failure.cv
         self._ended: set[int] = set()          # peers that said BYE
@@ -149,17 +169,40 @@ class Forest(Scheduler):
 
     # ------------------------------------------------------------------ setup
     def info(self) -> dict[str, Any]:
-        return {"plan": self.plan}
+        return {"plan": self.plan, "plans": self.plans}
+
+    def _set_plan(self, plan: ForestPlan) -> None:
+        self._plan = plan
+        self.plan: dict[str, Any] = plan.to_dict()   # JSON: save it with the run
+        self.trees: tuple[Tree, ...] = plan.trees
+        self.parent = [t.parent[self.rank] for t in self.trees]
+        self.children = [t.children(self.rank) for t in self.trees]
+
+    def install(self, plan: ForestPlan, record: dict[str, Any]) -> None:
+        """A new plan from worker 0, between iterations (nothing in flight). Lock held."""
+        if self._pending or self._slots:
+            raise CommError(f"a new plan arrived with chunks of iterations {sorted(self._pending)} in flight")
+        self._set_plan(plan)
+        self.plans.append(record)
+        self.chunks = layout(list(self.specs.values()), [t.fraction for t in self.trees],
+                             self.params.chunk_numel, self.params.slice_chunks)
+        self._keys = sum(1 for c in self.chunks.values() if c)
 
     def start(self, tensors: list[TensorSpec]) -> None:
         self.specs = {t.key: t for t in tensors}
-        self.chunks = layout(tensors, [t.fraction for t in self.trees], self.params.chunk_numel,
-                             self.params.slice_chunks)
         self.out = {t.key: np.empty(t.numel, np.float32) for t in tensors}
         self._pushed = {t.key: -1 for t in tensors}
         self._done = {t.key: -1 for t in tensors}
+        self._iter_left: dict[int, int] = {}     # iteration -> keys not averaged yet
+        self._last_it = 0                         # the latest iteration pushed (0: start() probes)
+        if self._plan is not None:
+            self.chunks = layout(tensors, [t.fraction for t in self.trees], self.params.chunk_numel,
+                                 self.params.slice_chunks)
+            self._keys = sum(1 for c in self.chunks.values() if c)
         if self.peers:
             self._connect()
+        if self.replanner is not None:
+            self.replanner.enter(0)
 
     def _connect(self) -> None:
         """Higher ranks connect to lower ones; both sides send HELLO (rank, number of workers,
@@ -278,7 +321,7 @@ class Forest(Scheduler):
         threading.Thread(target=self._receive, args=(p,), daemon=True, name=f"forest-recv-{p}").start()
 
     def _hello(self, conn: Connection) -> None:
-        conn.send(Kind.HELLO, key=self.n, chunk=self._plan.digest(), sender=self.rank)
+        conn.send(Kind.HELLO, key=self.n, chunk=self._fingerprint, sender=self.rank)
 
     def _check_hello(self, conn: Connection, h, rank: int) -> None:
         if h.kind == Kind.ABORT:
@@ -286,21 +329,26 @@ class Forest(Scheduler):
         if h.kind != Kind.HELLO or h.sender != rank or h.key != self.n:
             raise CommError(f"{conn.peer}: expected HELLO from worker {rank} of {self.n}, "
                             f"got {h.kind.name} from {h.sender} of {h.key}")
-        if h.chunk != self._plan.digest():
+        if h.chunk != self._fingerprint:
             raise CommError(f"{conn.peer} computed a different forest plan (fingerprint {h.chunk:08x}, "
-                            f"ours {self._plan.digest():08x}): same code and capacity graph everywhere?")
+                            f"ours {self._fingerprint:08x}): same code, parameters and capacity graph "
+                            "everywhere?")
 
     # ------------------------------------------------------------------ API
     def push(self, key: int, grad: np.ndarray, it: int) -> None:
         grad = np.asarray(grad, np.float32).reshape(-1)
         if grad.size != self.specs[key].numel:
             raise ValueError(f"key {key}: pushed {grad.size} elements, expected {self.specs[key].numel}")
+        if self.replanner is not None and it > self._last_it:
+            self.replanner.enter(it)          # the first push of an iteration: a probe may be due
+            self._last_it = it
         chunks = self.chunks[key]
         with self._cv:
             self._failure.check()
             if it <= self._pushed[key]:
                 raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
             self._pushed[key] = it
+            self._iter_left.setdefault(it, self._keys)
             if not chunks:
                 self._done[key] = it
                 self._cv.notify_all()
@@ -389,6 +437,11 @@ class Forest(Scheduler):
             self._done[key] = it
             self._cv.notify_all()
             self.event("recv", key, 0, it)
+            self._iter_left[it] -= 1
+            if not self._iter_left[it]:
+                del self._iter_left[it]
+                if self.replanner is not None:
+                    self.replanner.iteration_done(it)
 
     def _order(self, key: int, ch: Chunk, it: int) -> tuple:
         if not self.params.priority:
@@ -397,6 +450,7 @@ class Forest(Scheduler):
 
     def _receive(self, p: int) -> None:
         conn = self.conns[p]
+        scratch = bytearray(PROBE_FRAME.nbytes)
         try:
             while True:
                 h = conn.recv_header()
@@ -408,6 +462,16 @@ class Forest(Scheduler):
                         self._ended.add(p)
                         self._cv.notify_all()
                     return
+                if h.kind == Kind.PROBE:
+                    conn.recv_into(memoryview(scratch)[:h.nbytes])
+                    continue
+                if h.kind == Kind.CTRL and self.replanner is not None:
+                    msg = json.loads(conn.recv_text(h.nbytes))
+                    with self._cv:
+                        self.replanner.on_message(p, msg)
+                    continue
+                if self.replanner is not None:
+                    self.replanner.hold(h.it)   # a peer on the new plan: wait until we have it too
                 self._check_frame(conn, p, h)
                 data = conn.recv_array(h.nbytes)
                 with self._cv:

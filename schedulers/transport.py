@@ -70,6 +70,8 @@ class Kind(IntEnum):
     RESULT = 5  # server -> worker: averaged slice
     BYE = 6     # orderly close: nothing more will come from this side
     ABORT = 7   # the sender failed; payload: why, as UTF-8 text
+    PROBE = 8   # bandwidth probe (forest): key = round; the payload is filler
+    CTRL = 9    # control message (forest re-planning); payload: JSON, as UTF-8 text
 
 
 class Mode(IntEnum):
@@ -167,6 +169,12 @@ class Connection:
                 self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, lowat)
                 self.lowat = lowat
         self._acked, self._acked_at = acked, now
+
+    def bytes_acked(self) -> int | None:
+        """Bytes of ours the peer has acknowledged so far (TCP_INFO), None where the kernel
+        does not say: a sender's goodput measured by the receiver's own acknowledgements."""
+        info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+        return _U64.unpack_from(info, _ACKED_OFFSET)[0] if len(info) >= _ACKED_OFFSET + 8 else None
 
     def wait_writable(self, timeout_s: float) -> bool:
         """True once the kernel wants more bytes (unsent bytes below TCP_NOTSENT_LOWAT), or

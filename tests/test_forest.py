@@ -83,6 +83,9 @@ def run_threads(fn, n, join_s=60.0):
 
 
 def allreduce_job(hosts, topology, sizes, iterations, params, seed=0):
+    """The data path on the plan of the configured rates (measured bandwidth:
+    tests/test_forest_replan.py)."""
+    params = {"bandwidth": "configured", **params}
     eps = endpoints(hosts)
     n = len(hosts)
     tensors = [TensorSpec(k, f"t{k}", s, k) for k, s in enumerate(sizes)]
@@ -294,7 +297,7 @@ def test_different_plans_refuse_to_connect():
     assert plan_forest(topos[0], hosts).digest() != plan_forest(topos[2], hosts).digest()
 
     def work(r):
-        s = Forest(ctx(r, eps, topos[r], timeout=5), Forest.Params())
+        s = Forest(ctx(r, eps, topos[r], timeout=5), Forest.Params(bandwidth="configured"))
         s.start([TensorSpec(0, "w", 10, 0)])
         return "started"
 
@@ -315,7 +318,7 @@ def test_worker_that_leaves_early_is_named(who):
     assert (tree.parent[early] == -1) == (who == "root")
 
     def work(r):
-        s = Forest(ctx(r, eps, topo), Forest.Params())
+        s = Forest(ctx(r, eps, topo), Forest.Params(bandwidth="configured"))
         s.start([TensorSpec(0, "w", 100, 0)])
         for it in range(1 if r == early else 3):
             s.push(0, np.ones(100, np.float32), it)
