@@ -15,7 +15,8 @@ boundary, when no gradient is in flight anywhere:
 Start-up runs the same probe before iteration 0.
 
 Trigger. Worker 0 times each iteration's all-reduce (its first push to its last average).
-The first two iterations under a plan set its reference; an iteration slower than
+The median of the last 5 iterations under a plan (from its third) is its reference, so
+slow drift is followed; an iteration slower than
 (1 + threshold) times the reference, or faster than reference / (1 + threshold), means the
 bandwidth changed (if the change is also at least MIN_CHANGE_S), and iteration i + 2
 re-probes and re-plans: within 2 iterations. The default threshold, 0.15, is
@@ -41,7 +42,8 @@ from schedulers.transport import Kind
 
 PROBE_GAP_S = 0.05          # between rounds: the previous round's queued bytes drain
 PROBE_FRAME = np.zeros(16_384, np.float32)   # 64 KiB of filler
-REFERENCE_ITERATIONS = 2    # iterations under a new plan that set its reference time
+REFERENCE_ITERATIONS = 3    # iterations under a new plan before its reference time is trusted
+REFERENCE_WINDOW = 5        # the reference: median all-reduce time of its last this many iterations
 MIN_CHANGE_S = 0.02         # a smaller change of the all-reduce time cannot repay a probe of seconds
 _ORDER = (-1,)              # control and probe frames go before any gradient
 
@@ -108,15 +110,15 @@ class Replanner:
         why = ""
         if started is not None and it >= 1 and self.decided.get(it + 1, "") == "":
             window = time.monotonic() - started
-            if len(self.windows) < REFERENCE_ITERATIONS:
-                self.windows.append(window)
-            else:
-                ref = statistics.median(self.windows)
+            if len(self.windows) >= REFERENCE_ITERATIONS:
+                ref = statistics.median(self.windows[-REFERENCE_WINDOW:])
                 ratio = window / ref
                 changed = ratio > 1 + self.threshold or ratio < 1 / (1 + self.threshold)
                 if changed and abs(window - ref) >= MIN_CHANGE_S:
                     why = (f"iteration {it}'s all-reduce took {window * 1e3:.0f} ms, {ratio:.2f}x the "
-                           f"{ref * 1e3:.0f} ms of this plan's first iterations")
+                           f"{ref * 1e3:.0f} ms (median) of this plan's last iterations")
+            if not why:
+                self.windows.append(window)
         self.decided[it + 2] = why
         for p in range(1, self.f.n):
             self.send(p, {"t": "note", "it": it + 2, "why": why})
