@@ -25,8 +25,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from emu.config_errors import describe
+from emu.config_errors import describe, quote
 from emu.crosstraffic import Flow
+from emu.placement import best_server
 from emu.shaping import MAX_RATE_CHANGES, LinkShaping
 from emu.topospec import MAX_GRAPH_NODES, NetSpec, Topology
 
@@ -57,8 +58,28 @@ class Strict(BaseModel):
 
 
 class Roles(Strict):
-    servers: list[str] = Field(default_factory=list, description="parameter servers (PS family only)")
+    """Which hosts run the parameter servers and the workers. The two words are resolved by
+    `Experiment` against its topology, so a validated experiment holds host names only:
+    "best" becomes the host chosen by emu/placement.py, "rest" the hosts left."""
+
+    servers: list[str] | Literal["best"] = Field(
+        default_factory=list, description='parameter servers (PS family only), or "best": one server on the host '
+                                          'where it has the highest rate on the configured network')
     workers: list[str] | Literal["rest"] = Field(description='host names, or "rest": every host not a server')
+
+    @field_validator("servers", "workers", mode="before")
+    @classmethod
+    def _names_or_word(cls, value, info):
+        """One message for a wrong shape, instead of one per member of the union."""
+        word = "best" if info.field_name == "servers" else "rest"
+        if value == word:
+            return value
+        if not isinstance(value, list):
+            raise ValueError(f'must be a list of host names or "{word}", got {quote(value)}')
+        for i, n in enumerate(value):
+            if not isinstance(n, str):
+                raise ValueError(f"[{i}]: must be a host name, got {quote(n)}")
+        return value
 
     @field_validator("servers", "workers")
     @classmethod
@@ -139,18 +160,8 @@ class Experiment(Strict):
             net = self.topology.resolve()
         except ValueError as e:
             raise ConfigError(f"topology.{e}") from None
+        object.__setattr__(self, "roles", _resolve_roles(self.roles, net))
         hosts = set(net.hosts)
-        for i, n in enumerate(self.roles.servers):
-            if n not in hosts:
-                raise ConfigError(f"roles.servers[{i}]: {n!r} is not a host of the topology")
-        if self.roles.workers == "rest":
-            workers = [h for h in net.hosts if h not in self.roles.servers]
-            if not workers:
-                raise ConfigError("roles.workers: no host is left for workers")
-            object.__setattr__(self, "roles", Roles(servers=self.roles.servers, workers=workers))
-        for i, n in enumerate(self.roles.workers):
-            if n not in hosts:
-                raise ConfigError(f"roles.workers[{i}]: {n!r} is not a host of the topology")
         for h in self.host_cpu:
             if h not in hosts:
                 raise ConfigError(f"host_cpu.{h}: {h!r} is not a host of the topology")
@@ -202,6 +213,29 @@ class Experiment(Strict):
         (a sweep still resumes); any value that is set, defaults included, is hashed."""
         blob = json.dumps({"config": _drop_empty(self.resolved()), "repeat": repeat}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _resolve_roles(roles: Roles, net: NetSpec) -> Roles:
+    """`roles` with host names only, each checked against `net`. "best": the one host where
+    a parameter server for the workers has the highest rate (emu/placement.py). With
+    "workers: rest" too, the workers are every other host, and the server's host is chosen
+    as if all hosts were workers, which gives the same rates (a worker on the server's host
+    costs no link)."""
+    hosts = set(net.hosts)
+    for field_name in ("servers", "workers"):
+        names = getattr(roles, field_name)
+        for i, n in enumerate(names if isinstance(names, list) else []):
+            if n not in hosts:
+                raise ConfigError(f"roles.{field_name}[{i}]: {n!r} is not a host of the topology")
+    servers = roles.servers
+    if servers == "best":
+        servers = [best_server(net, net.hosts if roles.workers == "rest" else roles.workers)]
+    workers = roles.workers
+    if workers == "rest":
+        workers = [h for h in net.hosts if h not in servers]
+        if not workers:
+            raise ConfigError("roles.workers: no host is left for workers")
+    return Roles(servers=servers, workers=workers)
 
 
 def _drop_empty(d: Any) -> Any:

@@ -2,38 +2,39 @@
 
 The capacity graph (a networkx DiGraph, one edge per link direction with `capacity` in
 bit/s) is what schedulers and analytic bounds see, so it comes from the very same
-`NetSpec` that builds the Mininet network.
+`NetSpec` that builds the Mininet network. Config parsing uses it too (`roles.servers:
+best`, emu/placement.py), so Mininet is imported only where a `Topo` is built: parsing
+must not need Mininet.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
-from mininet.topo import Topo
 
 from emu.topospec import NetSpec
 
-
-class SpecTopo(Topo):
-    """Hosts, switches and plain links; the testbed shapes every link itself (emu/tc.py)."""
-
-    def build(self, spec: NetSpec, host_cpu: dict[str, float] | None = None,  # type: ignore[override]
-              limited_host=None) -> None:
-        for h in spec.hosts:
-            share = (host_cpu or {}).get(h)
-            if share is None:
-                self.addHost(h)
-            else:  # a CFS bandwidth cgroup: `share` of the whole machine's CPU
-                self.addHost(h, cls=limited_host, cpu=share)
-        for i, s in enumerate(spec.switches):
-            # Explicit dpid: Mininet derives one from digits in the name otherwise.
-            self.addSwitch(s, dpid=f"{i + 1:x}")
-        for ln in spec.links:
-            self.addLink(ln.a, ln.b)
+if TYPE_CHECKING:
+    from mininet.topo import Topo
 
 
 def mininet_topo(spec: NetSpec, host_cpu: dict[str, float] | None = None, limited_host=None) -> Topo:
-    return SpecTopo(spec=spec, host_cpu=host_cpu, limited_host=limited_host)
+    """Hosts, switches and plain links; the testbed shapes every link itself (emu/tc.py)."""
+    from mininet.topo import Topo
+
+    topo = Topo()
+    for h in spec.hosts:
+        share = (host_cpu or {}).get(h)
+        if share is None:
+            topo.addHost(h)
+        else:  # a CFS bandwidth cgroup: `share` of the whole machine's CPU
+            topo.addHost(h, cls=limited_host, cpu=share)
+    for i, s in enumerate(spec.switches):
+        # Explicit dpid: Mininet derives one from digits in the name otherwise.
+        topo.addSwitch(s, dpid=f"{i + 1:x}")
+    for ln in spec.links:
+        topo.addLink(ln.a, ln.b)
+    return topo
 
 
 def capacity_graph(spec: NetSpec) -> nx.DiGraph:
