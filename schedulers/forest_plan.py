@@ -19,20 +19,32 @@ sum_e w(e) a_T(e) = sum over its edges {u,v} of the price of the paths u->v and 
 the cheapest tree is a minimum spanning tree of the workers under those pair prices: an
 exact oracle.
 
-Algorithm (the plan). Garg–Könemann multiplicative weights with that MST oracle: it
-returns a forest of rate >= (1 - eps)^3 * OPT (Garg and Könemann, SIAM J. Comput. 2007;
-the bound is the conservative one of their packing analysis). Its trees are then
-re-weighted by one LP restricted to them (simplex, so a basic solution with at most one
-tree per link): that only raises the rate and drops most of the trees. Among forests of
-that rate a second LP picks the shallowest (a chunk waits one hop per level), and trees
-under MIN_FRACTION of the data are dropped (the reported rate is what remains).
+Algorithm (the plan). That LP solved exactly by column generation with the MST oracle as
+pricing, started from a single path tree: each round solves the LP over the trees found so
+far (HiGHS dual simplex), prices the links by its duals w and adds the MST under w if it
+costs less than 1, a tree that can raise the rate; when none does, the restricted LP's
+optimum is the optimum. `upper_bound` is the best Lagrangian bound
+sum_e c(e) w(e) / min_T cost_w(T) seen on the way: valid for any prices, it certifies the
+optimum (they meet at the end). Among forests of that rate over the trees found, a second
+LP picks the shallowest (a chunk waits one hop per level); trees under MIN_FRACTION of the
+data are dropped where the others reach the rate without them (a small tree the rate needs
+stays). The plan's rate is the optimum within the solver's tolerance (the depth LP may give
+up 1e-7 of it; tests check 1e-6 against analysis/bounds.py's independent formulation), and
+the rates are scaled to fit every link exactly. One solve serves the plan and `optimum`.
+Planning time (bench/bench_forest_plan.py): about 20 ms at 9 workers on racks, 60 ms at 16,
+0.25 s at 64, plus the one-time import of scipy.optimize (about 0.2 s) in a new process.
 
-Optimum (what the plan is compared with). The same LP solved exactly by column
-generation with the MST oracle as pricing, started from a single path tree, independent
-of the plan. `upper_bound` is the best Lagrangian bound sum_e c(e) w(e) / min_T cost_w(T)
-seen on the way: valid for any prices, it certifies the optimum (they meet at the end).
-Both are optimal among forests of host-aggregated trees over shortest paths; schemes
-where switches aggregate, or routing over several paths, can do better.
+Determinism: links, routes and trees are enumerated in name and index order, path prices
+are summed link by link (no BLAS), MST ties go to the lowest index and the simplex is
+serial, so the same input on the same build gives the same plan; workers compare its
+digest on connect all the same.
+
+`epsilon` (ForestParams.epsilon) was the accuracy of the Garg–Könemann approximation this
+planner used before (rate >= (1 - eps)^3 OPT, 1-2 s at 16 workers, 96 s at 64); the exact
+plan meets that guarantee for every eps, so epsilon is only recorded in the plan.
+
+Both the plan and the optimum are optimal among forests of host-aggregated trees over
+shortest paths; schemes where switches aggregate, or routing over several paths, can do better.
 """
 from __future__ import annotations
 
@@ -46,7 +58,8 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_EPSILON = 0.03  # (1 - eps)^3 >= 0.91; a smaller eps plans closer to the optimum, slower
+DEFAULT_EPSILON = 0.03  # accepted and recorded only: the plan is exact (module docstring)
+MAX_ROUNDS = 2000  # column generation: a safety net; 64 workers on racks take about 64 rounds
 MIN_FRACTION = 1e-3  # a tree carrying less is not worth its connections and frames; dropped
 
 
@@ -66,6 +79,21 @@ class LinkModel:
     def pair_load(self) -> np.ndarray:
         """(n, n, m), symmetric in i, j."""
         return self.hop_load + self.hop_load.transpose(1, 0, 2)
+
+    @functools.cached_property
+    def path_links(self) -> np.ndarray:
+        """(n, n, L) int: the links of path i->j in index order, padded with m (no link)."""
+        n, m = self.hop_load.shape[0], self.hop_load.shape[2]
+        counts = self.hop_load.astype(int)
+        hops = counts.sum(axis=2)
+        out = np.full((n, n, max(int(hops.max(initial=0)), 1)), m)
+        i, j, k = np.nonzero(counts)
+        reps = counts[i, j, k]
+        i, j, k = np.repeat(i, reps), np.repeat(j, reps), np.repeat(k, reps)
+        start = np.cumsum(hops.ravel()) - hops.ravel()
+        slot = np.arange(len(k)) - start[i * n + j]
+        out[i, j, slot] = k
+        return out
 
     @property
     def num_workers(self) -> int:
@@ -174,101 +202,114 @@ def min_spanning_tree(price: np.ndarray) -> tuple[tuple[int, int], ...]:
     in_tree = np.zeros(n, bool)
     in_tree[0] = True
     best = price[0].copy()
+    best[0] = np.inf
     via = np.zeros(n, int)
     edges = []
     for _ in range(n - 1):
-        cand = np.where(in_tree, np.inf, best)
-        v = int(np.argmin(cand))
+        v = int(np.argmin(best))
         u = int(via[v])
         edges.append((min(u, v), max(u, v)))
         in_tree[v] = True
-        closer = price[v] < best
-        best = np.where(closer, price[v], best)
-        via = np.where(closer, v, via)
+        best[v] = np.inf
+        closer = (price[v] < best) & ~in_tree
+        best[closer] = price[v][closer]
+        via[closer] = v
     return tuple(sorted(edges))
 
 
 def _pair_price(model: LinkModel, w: np.ndarray) -> np.ndarray:
-    return model.pair_load @ w
-
-
-def _tree_cost(model: LinkModel, edges, w: np.ndarray) -> float:
-    return float(model.tree_load(edges) @ w)
+    """(n, n): price of a tree edge {i, j}, the price of path i->j plus that of j->i. Each
+    path's few links are summed in index order (no BLAS), so equal paths price equally."""
+    path = np.append(w, 0.0)[model.path_links].sum(axis=2)
+    return path + path.T
 
 
 # ---------------------------------------------------------------------------- packing
-def garg_konemann(model: LinkModel, epsilon: float) -> dict[tuple[tuple[int, int], ...], float]:
-    """Fractional tree packing of rate >= (1 - eps)^3 OPT: route the bottleneck amount along
-    the cheapest tree, raise the price of each link by (1 + eps * its use / capacity), stop
-    when the priced capacity sum_e c w reaches 1, then scale down to feasibility."""
-    c = model.capacity / model.capacity.max()
-    m = len(c)
-    delta = (1 + epsilon) * ((1 + epsilon) * m) ** (-1 / epsilon)
-    w = delta / c
-    flow: dict[tuple[tuple[int, int], ...], float] = {}
-    while c @ w < 1:
-        tree = min_spanning_tree(_pair_price(model, w))
-        load = model.tree_load(tree)
-        used = load > 0
-        amount = float(np.min(c[used] / load[used]))
-        flow[tree] = flow.get(tree, 0.0) + amount
-        w = w * (1 + epsilon * amount * load / c)
-    scale = math.log((1 + epsilon) / delta, 1 + epsilon)
-    return {t: y / scale * model.capacity.max() for t, y in flow.items()}
-
-
-def _restricted_lp(model: LinkModel, trees: list[tuple[tuple[int, int], ...]]):
-    """max sum y over the given trees; returns (y, link prices w normalised to max c = 1)."""
+def _restricted_lp(model: LinkModel, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """max sum y over the trees whose link loads are the columns of `a` (m x k); returns
+    (y in bit/s, link prices w = the LP's duals, for capacities normalised to max c = 1)."""
     from scipy.optimize import linprog  # here: importing the registry must stay cheap
     scale = model.capacity.max()
-    a = np.stack([model.tree_load(t) for t in trees], axis=1)
-    res = linprog(-np.ones(len(trees)), A_ub=a, b_ub=model.capacity / scale, bounds=(0, None),
+    res = linprog(-np.ones(a.shape[1]), A_ub=a, b_ub=model.capacity / scale, bounds=(0, None),
                   method="highs-ds")
     if res.status != 0:
         raise RuntimeError(f"forest LP failed: {res.message}")
     return res.x * scale, np.maximum(-res.ineqlin.marginals, 0.0)
 
 
-def _shallowest(model: LinkModel, trees: list[tuple[tuple[int, int], ...]], rate: float) -> np.ndarray:
-    """Among forests of (almost) this rate over these trees, one whose trees are shallowest
-    on average: a chunk waits one hop per level, so depth is the pipeline's start-up latency."""
-    from scipy.optimize import linprog
-    n, scale = model.num_workers, model.capacity.max()
-    a = np.stack([model.tree_load(t) for t in trees], axis=1)
-    radius = np.array([_radius(t, n) for t in trees], float)
-    res = linprog(radius, A_ub=np.vstack([a, -np.ones((1, len(trees)))]),
-                  b_ub=np.append(model.capacity / scale, -rate / scale * (1 - 1e-7)),
-                  bounds=(0, None), method="highs-ds")
-    if res.status != 0:
-        raise RuntimeError(f"forest LP (depth) failed: {res.message}")
-    return res.x * scale
-
-
-def _radius(edges: tuple[tuple[int, int], ...], n: int) -> int:
-    return _orient(edges, n, [0] * n)[2]
-
-
-def lp_optimum(model: LinkModel, max_rounds: int = 2000) -> tuple[float, float]:
-    """(optimum, upper bound) of the packing LP by column generation from one path tree.
+def _column_generation(model: LinkModel, max_rounds: int):
+    """The packing LP by column generation from one path tree: (trees, their loads as the
+    columns of a (m x k), rates y, optimum, upper bound).
 
     Each round solves the LP over the trees so far, prices the links by its duals w, and
     adds the minimum spanning tree if it costs less than 1 (a tree that would raise the
     optimum). value / cost_w(MST) is an upper bound in every round; at the end it is 1."""
     n = model.num_workers
     trees = [tuple((i, i + 1) for i in range(n - 1))]
+    cols = [model.tree_load(trees[0])]
     bound = math.inf
-    value = 0.0
     for _ in range(max_rounds):
-        y, w = _restricted_lp(model, trees)
+        a = np.stack(cols, axis=1)
+        y, w = _restricted_lp(model, a)
         value = float(y.sum())
         tree = min_spanning_tree(_pair_price(model, w))
-        cost = _tree_cost(model, tree, w)
+        load = model.tree_load(tree)
+        cost = float(load @ w)
         if cost > 0:
             bound = min(bound, value / cost)
         if cost >= 1 - 1e-9 or tree in trees:
             break
         trees.append(tree)
-    return value, max(bound, value)
+        cols.append(load)
+    return trees[:a.shape[1]], a, y, value, max(bound, value)   # (a tree added in the last round is unsolved)
+
+
+def lp_optimum(model: LinkModel, max_rounds: int = MAX_ROUNDS) -> tuple[float, float]:
+    """(optimum, upper bound) of the packing LP by column generation (see the module docstring)."""
+    _, _, _, value, bound = _column_generation(model, max_rounds)
+    return value, bound
+
+
+def _shallowest(model: LinkModel, a: np.ndarray, radius: np.ndarray, rate: float) -> np.ndarray | None:
+    """Among forests of (almost) this rate over the trees of `a`, one whose trees are shallowest
+    on average: a chunk waits one hop per level, so depth is the pipeline's start-up latency.
+    None if these trees cannot reach the rate."""
+    from scipy.optimize import linprog
+    scale = model.capacity.max()
+    res = linprog(radius, A_ub=np.vstack([a, -np.ones((1, a.shape[1]))]),
+                  b_ub=np.append(model.capacity / scale, -rate / scale * (1 - 1e-7)),
+                  bounds=(0, None), method="highs-ds")
+    if res.status == 2:
+        return None
+    if res.status != 0:
+        raise RuntimeError(f"forest LP (depth) failed: {res.message}")
+    return res.x * scale
+
+
+def _few_trees(model: LinkModel, a: np.ndarray, radius: np.ndarray, rate: float) -> np.ndarray:
+    """The shallowest forest at `rate` over the trees of `a`, without the trees under
+    MIN_FRACTION of it that the others can do without (all at once, else one at a time,
+    smallest first): the rate comes first, so a small tree it needs stays."""
+    y = _shallowest(model, a, radius, rate)
+    if y is None:
+        raise RuntimeError("forest LP (depth): the column generation's trees do not reach its optimum")
+    allowed = np.ones(len(y), bool)
+    while True:         # every pass forbids at least one more tree, or returns
+        small = np.flatnonzero((y > 0) & (y <= MIN_FRACTION * y.sum()))
+        if not small.size:
+            return y
+        singles = [[k] for k in sorted(small, key=lambda k: (y[k], k))] if small.size > 1 else []
+        for drop in [small, *singles]:
+            fewer = allowed.copy()
+            fewer[drop] = False
+            z = _shallowest(model, a[:, fewer], radius[fewer], rate)
+            if z is not None:
+                break
+        else:
+            return y
+        allowed = fewer
+        y = np.zeros(len(y))
+        y[allowed] = z
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -305,8 +346,7 @@ class ForestPlan:
         def num(x):
             return None if math.isinf(x) else x
         return {
-            "algorithm": f"garg-konemann (eps={self.epsilon}) + restricted LP; "
-                         "optimum: LP by column generation",
+            "algorithm": "LP by column generation (MST pricing), then the shallowest forest at its rate",
             "hosts": list(self.hosts),
             "rate_bps": num(self.rate), "optimum_bps": num(self.optimum),
             "upper_bound_bps": num(self.upper_bound), "ring_rate_bps": num(self.ring_rate),
@@ -330,27 +370,36 @@ class ForestPlan:
         return zlib.crc32(json.dumps(core).encode())
 
 
+def _bfs(adj: list[list[int]], r: int) -> tuple[list[int], list[int]]:
+    """(parent, hops from r) in a tree."""
+    n = len(adj)
+    parent, dist, order = [-1] * n, [0] * n, [r]
+    seen = [False] * n
+    seen[r] = True
+    for u in order:
+        for v in adj[u]:
+            if not seen[v]:
+                seen[v], parent[v], dist[v] = True, u, dist[u] + 1
+                order.append(v)
+    return parent, dist
+
+
 def _orient(edges: tuple[tuple[int, int], ...], n: int, root_uses: list[int]) -> tuple[int, tuple[int, ...], int]:
     """Root a tree at a centre (fewest hops to the farthest worker: the shortest pipeline),
-    preferring the worker that is root of the fewest trees so far, to spread the roots."""
-    adj = [[] for _ in range(n)]
+    preferring the worker that is root of the fewest trees so far, to spread the roots.
+    Returns (root, parent, radius). Eccentricities by a double sweep: in a tree the farthest
+    worker from any worker is an end of the diameter found from the far end of a BFS."""
+    adj: list[list[int]] = [[] for _ in range(n)]
     for u, v in edges:
         adj[u].append(v)
         adj[v].append(u)
-
-    def bfs(r):
-        parent, dist, order = [-1] * n, [0] * n, [r]
-        for u in order:
-            for v in sorted(adj[u]):
-                if v != r and parent[v] < 0 and v not in order:
-                    parent[v], dist[v] = u, dist[u] + 1
-                    order.append(v)
-        return parent, max(dist)
-
-    ecc = [bfs(r)[1] for r in range(n)]
+    _, d0 = _bfs(adj, 0)
+    _, da = _bfs(adj, d0.index(max(d0)))
+    _, db = _bfs(adj, da.index(max(da)))
+    ecc = [max(x, y) for x, y in zip(da, db)]
     root = min(range(n), key=lambda r: (ecc[r], root_uses[r], r))
     root_uses[root] += 1
-    return root, tuple(bfs(root)[0]), ecc[root]
+    return root, tuple(_bfs(adj, root)[0]), ecc[root]
 
 
 def plan_forest(topology: dict[str, Any] | None, hosts: list[str],
@@ -359,25 +408,26 @@ def plan_forest(topology: dict[str, Any] | None, hosts: list[str],
 
     topology None: a uniform star of unit links is assumed (rates are then in link units).
     Workers that share a host exchange data without crossing a link; if all do, nothing
-    constrains the plan and the same uniform star is assumed."""
+    constrains the plan and the same uniform star is assumed. `epsilon` is recorded in the
+    plan and does not change it (the plan is the LP optimum; see the module docstring)."""
     n = len(hosts)
     model = LinkModel.uniform_star(n) if topology is None else LinkModel.from_graph(topology, hosts)
-    if n > 1 and not model.pair_load.any():
+    if n > 1 and not model.hop_load.any():
         model = LinkModel.uniform_star(n)
     if n == 1:
         tree = Tree(0, (-1,), 1.0, math.inf)
         return ForestPlan(tuple(hosts), (tree,), math.inf, math.inf, math.inf, math.inf, epsilon, model.assumed)
-    candidates = sorted(garg_konemann(model, epsilon))
-    y, _ = _restricted_lp(model, candidates)
-    y = _shallowest(model, candidates, float(y.sum()))
-    keep = [(t, float(v)) for t, v in zip(candidates, y, strict=True) if v > MIN_FRACTION * y.sum()]
-    rate = sum(v for _, v in keep)
-    keep.sort(key=lambda tv: (-tv[1], tv[0]))
+    candidates, a, y, optimum, bound = _column_generation(model, MAX_ROUNDS)
+    radius = np.array([_orient(t, n, [0] * n)[2] for t in candidates], float)
+    y = _few_trees(model, a, radius, optimum)
+    keep = y > 0
+    y = y * min(1.0, model.rate_of(a @ y))     # within the solver's tolerance, made exact
+    order = sorted(np.flatnonzero(keep), key=lambda k: (-y[k], candidates[k]))
+    rate = float(sum(y[k] for k in order))
     root_uses = [0] * n
     trees = []
-    for edges, v in keep:
-        root, parent, _ = _orient(edges, n, root_uses)
-        trees.append(Tree(root, parent, v / rate, v))
-    optimum, bound = lp_optimum(model)
+    for k in order:
+        root, parent, _ = _orient(candidates[k], n, root_uses)
+        trees.append(Tree(root, parent, float(y[k]) / rate, float(y[k])))
     return ForestPlan(tuple(hosts), tuple(trees), rate, optimum, bound, model.ring_rate(),
                       epsilon, model.assumed)
