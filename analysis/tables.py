@@ -128,6 +128,10 @@ def key_label(key: str, runs: pd.DataFrame) -> str:
              "topology.count": "hosts", "workload.speedup": "compute speed-up (x)",
              "topology.heterogeneity.count": "slow hosts", "topology.heterogeneity.sigma": "heterogeneity (sigma)",
              "topology.heterogeneity.factor": "slow hosts' rate factor", "roles.workers": "workers",
+             "topology.heterogeneity.ratio": "host rate spread (fastest/slowest)",
+             "topology.host_spread": "host rate spread (fastest/slowest)",
+             "topology.uplink_spread": "rack uplink spread (fastest/slowest)",
+             "topology.wan_spread": "WAN rate spread (fastest/slowest)", "topology.wan_mbps": "WAN rate (Mb/s)",
              "seed": "seed"}
     if key in known:
         return known[key]

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from emu.topospec import TOPOLOGY_KINDS
+from emu.topospec import HETEROGENEITY_KINDS, ONE_OR_EACH_FIELDS, ONE_OR_EACH_TAGS, TOPOLOGY_KINDS
 
 
 def _num(x: Any) -> str:
@@ -70,8 +70,9 @@ def _path(prefix: str, loc: tuple) -> str:
 
 
 _SUBPATH = re.compile(r"^((?:\[\d+\]|\.?[A-Za-z_][\w]*)(?:\[\d+\]|\.[A-Za-z_]\w*)*): (.*)$", re.S)
-_TAGS = set(TOPOLOGY_KINDS) | {"steps", "square", "onoff", "mahimahi", "csv", "slow", "lognormal"}
-_UNIONS = {"topology", "schedule", "heterogeneity"}  # fields whose value is a tagged union
+_TAGS = set(TOPOLOGY_KINDS) | {"steps", "square", "onoff", "mahimahi", "csv"} | set(HETEROGENEITY_KINDS) \
+    | set(ONE_OR_EACH_TAGS)
+_UNIONS = {"topology", "schedule", "heterogeneity", *ONE_OR_EACH_FIELDS}  # fields whose value is a tagged union
 # A model validator's message that already starts with the whole path of its field.
 _FULL_PATHS = ("roles.", "topology", "workload.", "schedulers.", "shaping[", "cross_traffic[")
 

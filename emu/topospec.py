@@ -3,8 +3,11 @@
 - `star`: one switch, a link per host; a rate per host, optionally separate up/down rates;
   hosts listed one by one or generated (`count`), with an optional heterogeneity
   generator so a sweep can vary heterogeneity as one number.
-- `racks`: R racks of H hosts, a top-of-rack switch each, rack uplinks to one core switch
-  with an oversubscription ratio.
+- `racks`: R racks of H hosts (or a size per rack), a top-of-rack switch each, rack uplinks to
+  one core switch with an oversubscription ratio; uplink and host rates optionally spread
+  geometrically, and tenant hosts for cross traffic.
+- `sites`: N sites of H hosts (or a size per site), a LAN switch each, joined by WAN links of
+  their own rates (a list, or one rate spread geometrically) to one WAN core switch.
 - `graph`: any nodes and links, a rate per direction.
 
 Everything resolves to a `NetSpec` (hosts, switches, directed link rates), which is all
@@ -18,10 +21,10 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 # The testbed shapes with tc itself, so links up to 100 Gb/s can be configured.
 MAX_MBPS = 100_000
@@ -149,7 +152,17 @@ class LogNormal(_Strict):
     seed: int = 0
 
 
-Heterogeneity = Annotated[SlowHosts | LogNormal, Field(discriminator="kind")]
+class Spread(_Strict):
+    """Rates geometric over the hosts not kept, in order: host k of n at the rate x
+    ratio^(-k/(n-1)), the first at the full rate, the last at 1/ratio of it. Deterministic;
+    the mean is NOT preserved (it falls as ratio grows); ratio 1 is homogeneous."""
+
+    kind: Literal["spread"]
+    ratio: float = Field(ge=1, description="fastest / slowest host rate")
+
+
+Heterogeneity = Annotated[SlowHosts | LogNormal | Spread, Field(discriminator="kind")]
+HETEROGENEITY_KINDS = ("slow", "lognormal", "spread")
 
 
 class StarHost(_Strict):
@@ -227,6 +240,8 @@ def _apply_heterogeneity(hosts: list[StarHost], het, keep: set[str]) -> list[Sta
         chosen = idx[len(idx) - het.count:] if het.pick == "last" else random.Random(het.seed).sample(idx, het.count)
         for i in chosen:
             factors[i] = het.factor
+    elif isinstance(het, Spread):
+        factors = dict(zip(idx, _geometric(len(idx), het.ratio)))
     else:
         rng = random.Random(het.seed)
         for i in idx:
@@ -242,33 +257,167 @@ def _clip(mbps: float) -> float:
     return round(min(max(mbps, 0.01), MAX_MBPS), 3)
 
 
+def _geometric(n: int, spread: float) -> list[float]:
+    """n factors from 1 down to 1/spread, geometrically: item k is spread^(-k/(n-1))."""
+    return [spread ** (-k / (n - 1)) if n > 1 else 1.0 for k in range(n)]
+
+
+def _scaled(mbps: float, factor: float) -> float:
+    """mbps x factor through `_clip`; factor 1 keeps the configured value as it is."""
+    return mbps if factor == 1.0 else _clip(mbps * factor)
+
+
+def _link_opts(t: LinkOptions) -> dict[str, Any]:
+    return dict(delay_ms=t.delay_ms, loss_pct=t.loss_pct, queue_pkts=t.queue_pkts, queue_ms=t.queue_ms)
+
+
+# ---------------------------------------------------------------------------- one value, or one per group
+
+def _form(v: Any) -> str:
+    return "each" if isinstance(v, (list, tuple)) else "one"
+
+
+# A field that takes one value for every rack (site) or a list with one per rack (site). The
+# callable discriminator picks the form by the value's type, so a bad value gets the one error
+# of the form it has (a plain union reports one per member, under pydantic's names for them);
+# config_errors drops the tag from the field's path.
+ONE_OR_EACH_TAGS = ("one", "each")
+ONE_OR_EACH_FIELDS = ("hosts_per_rack", "hosts_per_site", "wan_mbps")
+MAX_GROUPS = 16
+HostCount = Annotated[int, Field(ge=1, le=64)]
+HostCounts = Annotated[Annotated[HostCount, Tag("one")]
+                       | Annotated[list[HostCount], Tag("each"), Field(min_length=1, max_length=MAX_GROUPS)],
+                       Discriminator(_form)]
+Rates = Annotated[Annotated[Mbps, Tag("one")]
+                  | Annotated[list[Mbps], Tag("each"), Field(min_length=1, max_length=MAX_GROUPS)],
+                  Discriminator(_form)]
+
+
+def _each(value: Any, n: int, name: str, group: str) -> list:
+    """`value` for each of n groups: a list as it is (it must have n items), one value n times."""
+    if not isinstance(value, list):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"{name}: a list of {len(value)} for {n} {group}s; give one per {group}, "
+                         f"or one value for all")
+    return list(value)
+
+
+def _host_total(sizes: list[int], tenants: int, tenants_field: str) -> None:
+    total = sum(sizes) + tenants * len(sizes)
+    if total > MAX_HOSTS:
+        raise ValueError(f"{tenants_field}: {sum(sizes)} hosts and {tenants * len(sizes)} tenant hosts are "
+                         f"{total}; at most {MAX_HOSTS}")
+
+
 # ---------------------------------------------------------------------------- racks
 
 class RacksTopology(LinkOptions):
-    """Hosts r{i}h{j}; top-of-rack switches s1..sR; core switch s0."""
+    """Hosts r{i}h{j} and tenant hosts r{i}t{j}; top-of-rack switches s1..sR; core switch s0.
+
+    Rack r's uplink runs at hosts_per_rack[r] x host_bw_mbps / oversubscription (worker hosts
+    only: tenants and host_spread do not change it), times uplink_spread^(-r/(racks-1)). The
+    worker hosts, rack by rack, run at host_bw_mbps x host_spread^(-k/(n-1)) for the k-th of
+    n; tenant hosts at host_bw_mbps."""
 
     kind: Literal["racks"]
-    racks: int = Field(ge=1, le=16)
-    hosts_per_rack: int = Field(ge=1, le=64)
+    racks: int = Field(ge=1, le=MAX_GROUPS)
+    hosts_per_rack: HostCounts = Field(description="worker hosts per rack; a list gives one per rack")
     host_bw_mbps: Mbps
     oversubscription: float = Field(default=1.0, ge=1, description="rack hosts' rate / uplink rate")
+    # None (not 1 or 0) when unset: run ids leave None out, so racks configs written before
+    # these fields keep their run ids and a sweep resumes.
+    uplink_spread: float | None = Field(default=None, ge=1, description="rack 0's uplink at the full rate, "
+                                                                        "the last rack's at 1/this (default 1)")
+    host_spread: float | None = Field(default=None, ge=1, description="first worker host at host_bw_mbps, "
+                                                                      "the last at 1/this of it (default 1)")
+    tenants_per_rack: int | None = Field(default=None, ge=0, le=64,
+                                         description="extra hosts r{i}t{j} per rack for cross traffic (default 0)")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> RacksTopology:
+        _host_total(_each(self.hosts_per_rack, self.racks, "hosts_per_rack", "rack"), self.tenants,
+                    "tenants_per_rack")
+        return self
+
+    @property
+    def tenants(self) -> int:
+        return self.tenants_per_rack or 0
 
     def resolve(self) -> NetSpec:
-        opts = dict(delay_ms=self.delay_ms, loss_pct=self.loss_pct, queue_pkts=self.queue_pkts,
-                    queue_ms=self.queue_ms)
-        uplink = _clip(self.hosts_per_rack * self.host_bw_mbps / self.oversubscription)
-        hosts, links = [], []
-        for r in range(self.racks):
+        opts = _link_opts(self)
+        sizes = _each(self.hosts_per_rack, self.racks, "hosts_per_rack", "rack")
+        host_factor = iter(_geometric(sum(sizes), self.host_spread or 1.0))
+        uplink_factor = _geometric(self.racks, self.uplink_spread or 1.0)
+        hosts, tenants, links = [], [], []
+        for r, size in enumerate(sizes):
             tor = f"s{r + 1}"
-            for j in range(self.hosts_per_rack):
-                h = f"r{r}h{j}"
+            for j in range(size):
+                h, bw = f"r{r}h{j}", _scaled(self.host_bw_mbps, next(host_factor))
                 hosts.append(h)
-                links.append(LinkSpec(h, tor, self.host_bw_mbps, self.host_bw_mbps, **opts))
+                links.append(LinkSpec(h, tor, bw, bw, **opts))
+            for j in range(self.tenants):
+                tenants.append(f"r{r}t{j}")
+                links.append(LinkSpec(tenants[-1], tor, self.host_bw_mbps, self.host_bw_mbps, **opts))
             if self.racks > 1:
+                uplink = _clip(size * self.host_bw_mbps / self.oversubscription * uplink_factor[r])
                 links.append(LinkSpec(tor, "s0", uplink, uplink, **opts))
         switches = [f"s{r + 1}" for r in range(self.racks)] + (["s0"] if self.racks > 1 else [])
-        return _kernel_limits(NetSpec(hosts=hosts, switches=switches, links=links), lambda node: "racks",
-                              lambda i: "queue_ms")
+        return _kernel_limits(NetSpec(hosts=hosts + tenants, switches=switches, links=links),
+                              lambda node: "racks", lambda i: "queue_ms")
+
+
+# ---------------------------------------------------------------------------- sites
+
+class SitesTopology(LinkOptions):
+    """Hosts d{i}h{j} and tenant hosts d{i}t{j} on site switches s1..sN (LAN links at
+    host_bw_mbps); each site switch has a WAN link to the core s0.
+
+    Site s's WAN link runs at wan_mbps[s] (a list), or at wan_mbps x wan_spread^(-s/(sites-1))
+    (one rate). WAN links take wan_delay_ms in place of delay_ms where it is set."""
+
+    kind: Literal["sites"]
+    sites: int = Field(ge=2, le=MAX_GROUPS)
+    hosts_per_site: HostCounts = Field(description="worker hosts per site; a list gives one per site")
+    host_bw_mbps: Mbps = Field(description="LAN rate: each host's link to its site switch")
+    wan_mbps: Rates = Field(description="each site's link to the WAN core; a list gives one per site")
+    wan_spread: float = Field(default=1.0, ge=1,
+                              description="with one wan_mbps: site 0 at that rate, the last site at 1/this")
+    wan_delay_ms: float | None = Field(default=None, ge=0, le=60_000, description="delay of WAN links only")
+    tenants_per_site: int = Field(default=0, ge=0, le=64,
+                                  description="extra hosts d{i}t{j} per site for cross traffic")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> SitesTopology:
+        _host_total(_each(self.hosts_per_site, self.sites, "hosts_per_site", "site"), self.tenants_per_site,
+                    "tenants_per_site")
+        _each(self.wan_mbps, self.sites, "wan_mbps", "site")
+        if isinstance(self.wan_mbps, list) and self.wan_spread != 1:
+            raise ValueError("wan_spread: applies to one wan_mbps; a list already gives each site's rate")
+        return self
+
+    def wan_rates(self) -> list[float]:
+        if isinstance(self.wan_mbps, list):
+            return [_clip(w) for w in self.wan_mbps]
+        return [_clip(self.wan_mbps * f) for f in _geometric(self.sites, self.wan_spread)]
+
+    def resolve(self) -> NetSpec:
+        lan = _link_opts(self)
+        wan = {**lan, "delay_ms": self.wan_delay_ms if self.wan_delay_ms is not None else self.delay_ms}
+        hosts, tenants, links = [], [], []
+        sizes = _each(self.hosts_per_site, self.sites, "hosts_per_site", "site")
+        for d, (size, rate) in enumerate(zip(sizes, self.wan_rates())):
+            switch = f"s{d + 1}"
+            site_hosts = [f"d{d}h{j}" for j in range(size)]
+            site_tenants = [f"d{d}t{j}" for j in range(self.tenants_per_site)]
+            hosts += site_hosts
+            tenants += site_tenants
+            links += [LinkSpec(h, switch, self.host_bw_mbps, self.host_bw_mbps, **lan)
+                      for h in site_hosts + site_tenants]
+            links.append(LinkSpec(switch, "s0", rate, rate, **wan))
+        switches = [f"s{d + 1}" for d in range(self.sites)] + ["s0"]
+        return _kernel_limits(NetSpec(hosts=hosts + tenants, switches=switches, links=links),
+                              lambda node: "sites", lambda i: "queue_ms")
 
 
 # ---------------------------------------------------------------------------- graph
@@ -348,5 +497,5 @@ class GraphTopology(_Strict):
         return _kernel_limits(net, lambda node: f"nodes[{index[node]}].name", lambda i: f"links[{i}].queue_ms")
 
 
-Topology = Annotated[StarTopology | RacksTopology | GraphTopology, Field(discriminator="kind")]
-TOPOLOGY_KINDS = ("star", "racks", "graph")
+Topology = Annotated[StarTopology | RacksTopology | GraphTopology | SitesTopology, Field(discriminator="kind")]
+TOPOLOGY_KINDS = ("star", "racks", "graph", "sites")

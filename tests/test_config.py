@@ -52,7 +52,7 @@ BAD = [
     (variant("topology.hosts.0.colour", "red"), "topology.hosts[0].colour: unknown key"),
     (variant("topology.queue_ms", 0), "topology.queue_ms: must be > 0"),
     (variant("bogus", 1), "bogus: unknown key"),
-    (variant("topology.kind", "ring"), "topology.kind: unknown kind 'ring' (known: star, racks, graph)"),
+    (variant("topology.kind", "ring"), "topology.kind: unknown kind 'ring' (known: star, racks, graph, sites)"),
     (variant("roles.workers.1", "w9"), "roles.workers[1]: 'w9' is not a host of the topology"),
     (variant("workload.iterations", 0), "workload.iterations: must be > 0"),
     (variant("workload.batch_size", 2.5), "workload.batch_size: must be an integer, got 2.5"),
