@@ -169,7 +169,8 @@ class Forest(Scheduler):
 
     # ------------------------------------------------------------------ setup
     def info(self) -> dict[str, Any]:
-        return {"plan": self.plan, "plans": self.plans}
+        trace = self.replanner.trace if self.replanner is not None else []
+        return {"plan": self.plan, "plans": self.plans, "allreduce_s": trace}
 
     def _set_plan(self, plan: ForestPlan) -> None:
         self._plan = plan

@@ -15,14 +15,16 @@ boundary, when no gradient is in flight anywhere:
 Start-up runs the same probe before iteration 0.
 
 Trigger. Worker 0 times each iteration's all-reduce (its first push to its last average).
-The median of the last 5 iterations under a plan (from its third) is its reference, so
-slow drift is followed; an iteration slower than
-(1 + threshold) times the reference, or faster than reference / (1 + threshold), means the
-bandwidth changed (if the change is also at least MIN_CHANGE_S), and iteration i + 2
-re-probes and re-plans: within 2 iterations. The default threshold, 0.15, is
-the loss the plan may have against the new optimum (it must stay at 0.85 or more); an
-all-reduce that slowed by less than that loses less than that by staying. A change that does
-not move the all-reduce time (a link no tree is limited by got faster) goes unnoticed.
+The median of the last 5 iterations under a plan (from its third) is its reference, so slow
+drift is followed. Two iterations in a row slower than (1 + threshold) times the reference,
+or both faster than reference / (1 + threshold), each also by at least MIN_CHANGE_S and by 3
+median absolute deviations of the reference, mean the bandwidth changed: iteration i + 2
+re-probes and re-plans, the third iteration after the change. One iteration is not enough:
+at 15 Mb/s the all-reduce time varies by +-20% between iterations, and a single-iteration
+trigger re-probed three times in 60 iterations on noise alone, at 5.7 s a probe. The default
+threshold, 0.15, is the loss the plan may have against the new optimum (it must stay at
+0.85 or more). A change that does not move the all-reduce time (a link no tree is limited by
+got faster) goes unnoticed.
 """
 from __future__ import annotations
 
@@ -65,6 +67,8 @@ class Replanner:
         self.windows: list[float] = []           # all-reduce times under the current plan
         self.epoch = 0
         self.busy: int | None = None             # the iteration being re-planned for, until installed
+        self.outside: tuple[int, int] = (0, -1)  # worker 0: the last iteration's side of the band, and which
+        self.trace: list[list] = []              # worker 0: [iteration, plan epoch, all-reduce s] of each
 
     # ------------------------------------------------------------------ messages
     def send(self, peer: int, msg: dict) -> None:
@@ -110,18 +114,31 @@ class Replanner:
         why = ""
         if started is not None and it >= 1 and self.decided.get(it + 1, "") == "":
             window = time.monotonic() - started
-            if len(self.windows) >= REFERENCE_ITERATIONS:
-                ref = statistics.median(self.windows[-REFERENCE_WINDOW:])
-                ratio = window / ref
-                changed = ratio > 1 + self.threshold or ratio < 1 / (1 + self.threshold)
-                if changed and abs(window - ref) >= MIN_CHANGE_S:
-                    why = (f"iteration {it}'s all-reduce took {window * 1e3:.0f} ms, {ratio:.2f}x the "
-                           f"{ref * 1e3:.0f} ms (median) of this plan's last iterations")
-            if not why:
+            self.trace.append([it, self.epoch, window])
+            side = self._outside(window)
+            if side and side == self.outside[0]:
+                ratio = window / statistics.median(self.windows[-REFERENCE_WINDOW:])
+                why = (f"iterations {self.outside[1]} and {it}: all-reduce {ratio:.2f}x the median of this "
+                       f"plan's last iterations")
+            elif not side:
                 self.windows.append(window)
+            self.outside = (side, it)
         self.decided[it + 2] = why
         for p in range(1, self.f.n):
             self.send(p, {"t": "note", "it": it + 2, "why": why})
+
+    def _outside(self, window: float) -> int:
+        """+1 / -1 when `window` is slower / faster than the plan's reference by more than the
+        threshold, by MIN_CHANGE_S and by 3 median absolute deviations of the reference; else 0."""
+        if len(self.windows) < REFERENCE_ITERATIONS:
+            return 0
+        ref_windows = self.windows[-REFERENCE_WINDOW:]
+        ref = statistics.median(ref_windows)
+        spread = 3 * statistics.median(abs(w - ref) for w in ref_windows)
+        ratio = window / ref
+        if abs(window - ref) < max(MIN_CHANGE_S, spread):
+            return 0
+        return 1 if ratio > 1 + self.threshold else -1 if ratio < 1 / (1 + self.threshold) else 0
 
     # ------------------------------------------------------------------ the probe and the plan
     def hold(self, it: int) -> None:
@@ -154,7 +171,7 @@ class Replanner:
                 self.send(p, msg)
             msg = json.loads(json.dumps(msg))    # what the others parse, to the last bit
         with self.f._cv:
-            self.windows = []
+            self.windows, self.outside = [], (0, -1)
             self.epoch = msg["record"]["epoch"]
             self.f.install(ForestPlan.from_dict(msg["plan"]), msg["record"])
             self.busy = None
