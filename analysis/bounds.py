@@ -24,6 +24,12 @@ what each one is, and the report quotes it):
   aggregating at hosts, a tree edge {u, v} carrying its slice both ways over the shortest
   paths u->v and v->u: the LP optimum the forest planner targets. Solved here by an
   independent formulation (`forest_rate_bps`), not the planner's column generation.
+- "hierarchical" (hierarchical): the workers under one switch form a group whose lowest rank
+  leads it (`worker_groups`, the grouping schedulers/hierarchical.py uses); each member sends
+  G to its leader and gets G back, and the leaders run a ring in rank order, each hop carrying
+  2(L-1)/L * G for L leaders. All stages are pipelined at once, so a link carries the sum of
+  its loads in every stage (a leader's host link: its members' gradients and averages and its
+  ring hops) and the busiest link direction decides. The pattern is fixed, so this is its optimum.
 - "cut" (any other scheduler): the cut bound below.
 
 `cut_bound_s` is model-free, for every run with 2 or more workers: for every split of the
@@ -60,6 +66,7 @@ from contracts.role_spec import RoleSpec
 PS_FAMILY = {"fifo", "bytescheduler", "p3", "mercury"}
 RING_FAMILY = {"ring", "gloo"}
 FOREST_FAMILY = {"forest"}
+HIERARCHICAL_FAMILY = {"hierarchical"}
 
 MODELS = {
     "ps": "parameter server: each worker pushes and pulls G/S to and from each of the S servers along "
@@ -69,6 +76,9 @@ MODELS = {
     "forest": "the optimal forest: the largest rate at which fractional spanning trees of the workers "
               "(aggregation at hosts, each tree edge carrying its slice both ways over shortest paths) fit "
               "the links, an LP solved independently of the planner; G over that rate",
+    "hierarchical": "hierarchical all-reduce: each worker sends G to its group's leader (the lowest rank "
+                    "under its switch) and gets G back, and the leaders run a ring in rank order (2(L-1)/L x G per "
+                    "hop); all stages pipelined, the busiest link direction's summed bytes over its rate",
     "cut": "G must cross the maximum flow between the two sides of every split of the workers, each way, "
            "whatever the scheme (the cut bound)",
 }
@@ -135,6 +145,35 @@ def ring_order(g: nx.DiGraph, workers: list[str]) -> list[str]:
 
 def best_ring_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
     return ring_bound_s(g, ring_order(g, workers), grad_bytes)
+
+
+def worker_groups(g: nx.DiGraph, workers: list[str]) -> list[list[int]]:
+    """Worker indices grouped by the switch their host hangs off (workers of one host
+    together; several switches: the first by name; none: the host alone), each group in
+    index order, groups by their first index (the leader). Mirrors
+    schedulers/hierarchical.py `groups`, which analysis may not import."""
+    out: dict[str, list[int]] = {}
+    for i, host in enumerate(workers):
+        switches = {v for v in (*g.successors(host), *g.predecessors(host)) if g.nodes[v].get("kind") == "switch"}
+        out.setdefault(min(switches, default=host), []).append(i)
+    return list(out.values())
+
+
+def hierarchical_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
+    """Members to their leader and back (G each way), the leaders' ring in rank order
+    (2(L-1)/L * G per hop), every stage at once: the busiest link direction's total."""
+    grouped = worker_groups(g, workers)
+    load: dict = {}
+    for group in grouped:
+        leader = workers[group[0]]
+        for i in group[1:]:
+            _add_path(load, g, workers[i], leader, grad_bytes)
+            _add_path(load, g, leader, workers[i], grad_bytes)
+    leaders = [workers[group[0]] for group in grouped]
+    n = len(leaders)
+    for i, w in enumerate(leaders if n > 1 else []):
+        _add_path(load, g, w, leaders[(i + 1) % n], 2 * (n - 1) / n * grad_bytes)
+    return _busiest(load, g)
 
 
 # ---------------------------------------------------------------------------- cut bound
@@ -244,6 +283,8 @@ def bound_model(scheduler: str, workers: list[str], servers: list[str]) -> str:
         return "ring"
     if scheduler in FOREST_FAMILY and len(set(workers)) <= MAX_LP_HOSTS:
         return "forest"
+    if scheduler in HIERARCHICAL_FAMILY:
+        return "hierarchical"
     return "cut"
 
 
@@ -255,6 +296,8 @@ def model_bound_s(model: str, g: nx.DiGraph, workers: list[str], servers: list[s
         return best_ring_bound_s(g, workers, grad_bytes)
     if model == "forest":
         return forest_bound_s(g, workers, grad_bytes)
+    if model == "hierarchical":
+        return hierarchical_bound_s(g, workers, grad_bytes)
     return cut_bound_s(g, workers, grad_bytes)
 
 

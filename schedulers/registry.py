@@ -12,12 +12,13 @@ from schedulers.bytescheduler import ByteScheduler
 from schedulers.fifo import FIFO
 from schedulers.forest import Forest
 from schedulers.gloo import Gloo
+from schedulers.hierarchical import Hierarchical
 from schedulers.mercury import Mercury
 from schedulers.p3 import P3
 from schedulers.ring import Ring
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
-    cls.name: cls for cls in (FIFO, ByteScheduler, P3, Mercury, Ring, Gloo, Forest)}
+    cls.name: cls for cls in (FIFO, ByteScheduler, P3, Mercury, Ring, Gloo, Forest, Hierarchical)}
 
 
 def params_models() -> dict[str, type[BaseModel]]:

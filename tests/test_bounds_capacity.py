@@ -150,11 +150,11 @@ def write_run(sweep: Path, run_id: str, g: nx.DiGraph, workers: list[str], sched
 def test_annotate_judges_each_scheduler_by_its_model_and_the_cut(tmp_path):
     g, hosts = star_graph([100] * 4, extra=[("ps", 400)])
     rows = [write_run(tmp_path, s, g, hosts, s, secs(400 / 6), servers=["ps"] if s == "fifo" else ())
-            for s in ("forest", "ring", "gloo", "fifo", "hierarchical")]
+            for s in ("forest", "ring", "gloo", "fifo", "hierarchical", "unknown")]
     runs = annotate(pd.DataFrame(rows + [{"run_id": "x", "status": "failed"}]), tmp_path).set_index("run_id")
     assert set(COLUMNS) <= set(runs.columns) and runs.loc["x", COLUMNS[:4]].isna().all()
-    assert runs.loc[["forest", "ring", "gloo", "fifo", "hierarchical"], "bound_model"].tolist() == \
-        ["forest", "ring", "ring", "ps", "cut"]
+    assert runs.loc[["forest", "ring", "gloo", "fifo", "hierarchical", "unknown"], "bound_model"].tolist() == \
+        ["forest", "ring", "ring", "ps", "hierarchical", "cut"]
     forest = runs.loc["forest"]
     assert forest["efficiency"] == pytest.approx(1.0, rel=1e-9)  # at its optimum
     assert forest["cut_efficiency"] == pytest.approx(2 / 3, rel=1e-9)  # what issue 11 saw
@@ -164,7 +164,9 @@ def test_annotate_judges_each_scheduler_by_its_model_and_the_cut(tmp_path):
     assert runs.loc["ring", "ring_rank_order_bound_s"] == pytest.approx(secs(400 / 6))
     # fifo: G each way over every worker's 100 Mb/s link, 4G over the server's 400
     assert runs.loc["fifo", "comm_bound_s"] == pytest.approx(secs(100))
-    assert runs.loc["hierarchical", "bound_s"] == pytest.approx(secs(100))
+    assert runs.loc["unknown", "bound_s"] == pytest.approx(secs(100))
+    # one group around h0: its link carries the 3 others' gradients in and the average out 3 times
+    assert runs.loc["hierarchical", "bound_s"] == pytest.approx(secs(100 / 3))
 
 
 def test_annotate_uses_the_bandwidth_the_run_had(tmp_path):
