@@ -8,13 +8,15 @@ the peer acknowledged, after a slow-start skip). A link then carried at least th
 goodputs of the flows whose path crosses it, so each round gives a lower bound on every
 link's available capacity, and the estimate is the largest over rounds.
 
-Rounds (`probe_rounds`): every worker to every other at once, then, for each worker k, k to
-all others and all others to k at once. All-to-all saturates the links that bottleneck a
-spread-out pattern (oversubscribed uplinks, slow hosts); the fan rounds saturate a fast
-host's own link, which all-to-all leaves half idle when the hosts it sends to are slow. A
-link that no round saturates is underestimated: the planner then loads it at most as much as
-the busiest round did, which costs rate only if the optimum needs more of it. n workers take
-n + 1 rounds.
+Rounds (`probe_rounds`): every worker to every other at once; a ring, worker i to i + 1,
+one flow on each host link and direction; then, for each worker k, k to all others and all
+others to k at once. All-to-all saturates the links that bottleneck a spread-out pattern
+(oversubscribed uplinks); the fan rounds saturate a fast host's own link, which all-to-all
+leaves half idle when the hosts it sends to are slow; the ring measures a slow host's link
+with one flow, where several flows into a small queue lose packets and stall (five flows
+into a 5 Mb/s link read 3.4 Mb/s). A link that no round saturates is underestimated: the
+planner then loads it at most as much as the busiest round did, which costs rate only if
+the optimum needs more of it. n workers take n + 2 rounds.
 """
 from __future__ import annotations
 
@@ -29,12 +31,14 @@ Pair = tuple[int, int]
 
 
 def probe_rounds(n: int) -> list[list[Pair]]:
-    """(sender, receiver) flows of each round: all-to-all, then a fan in and out of each worker."""
+    """(sender, receiver) flows of each round: all-to-all, a ring (one flow per host link and
+    direction), then a fan in and out of each worker."""
     if n < 2:
         return []
     everyone = [(i, j) for i in range(n) for j in range(n) if i != j]
+    ring = [(i, (i + 1) % n) for i in range(n)] if n > 2 else [(0, 1), (1, 0)]
     fans = [[(k, j) for j in range(n) if j != k] + [(j, k) for j in range(n) if j != k] for k in range(n)]
-    return [everyone, *fans]
+    return [everyone, ring, *fans]
 
 
 def structure(topology: dict[str, Any] | None, hosts: list[str]) -> tuple[dict[str, Any], list[str], LinkModel]:

@@ -65,7 +65,7 @@ class ForestParams(SchedulerParams):
     bandwidth: Literal["measured", "configured"] = Field(
         default="measured", description="measured: plan on what a probe at start-up measures and re-plan when "
         "the all-reduce time changes (forest_replan.py); configured: plan once on the capacity graph's rates")
-    probe_s: float = Field(default=0.5, gt=0.05, le=10, description="length of one probe round, s (n + 1 rounds)")
+    probe_s: float = Field(default=0.5, gt=0.05, le=10, description="length of one probe round, s (n + 2 rounds)")
     replan_threshold: float = Field(default=0.15, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
                                                 "[ref / (1 + t), ref * (1 + t)]")

@@ -19,11 +19,13 @@ from tests.test_forest import ctx, endpoints, run_threads, star
 MBPS = 1e6
 
 
-def test_rounds_all_to_all_then_a_fan_per_worker():
+def test_rounds_all_to_all_a_ring_then_a_fan_per_worker():
     rounds = probe_rounds(3)
-    assert len(rounds) == 4
+    assert len(rounds) == 5
     assert sorted(rounds[0]) == [(i, j) for i in range(3) for j in range(3) if i != j]
-    assert sorted(rounds[1]) == [(0, 1), (0, 2), (1, 0), (2, 0)]
+    assert rounds[1] == [(0, 1), (1, 2), (2, 0)]
+    assert sorted(rounds[2]) == [(0, 1), (0, 2), (1, 0), (2, 0)]
+    assert probe_rounds(2)[1] == [(0, 1), (1, 0)]
     assert probe_rounds(1) == []
 
 
