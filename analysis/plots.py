@@ -455,3 +455,25 @@ def summary_table(sweep_dir: Path, run_ids: list[str] | None = None) -> pd.DataF
             "compute_median_s", "bound_s", "efficiency", "fidelity_ok", "final_loss", "params_consistent",
             "wall_s", "reason"]
     return runs[[c for c in cols if c in runs.columns]]
+
+
+# --------------------------------------------------------------------------- forest
+def predicted_measured_plot(table: pd.DataFrame, out: Path, formats: tuple[str, ...] = ("png",)) -> Path:
+    """Forest/baseline ratios: predicted by the bounds (x) against measured (y), one point per
+    baseline and network (`analysis/forest_compare.py`), coloured by baseline scheduler."""
+    if table.empty:
+        raise Skipped("no network has both a forest run and a baseline")
+    _theme()
+    fig, ax = plt.subplots(figsize=(6.2, 5))
+    lo = min(table["predicted"].min(), table["measured"].min()) * 0.8
+    hi = max(table["predicted"].max(), table["measured"].max()) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="k", lw=1, label="measured = predicted")
+    ax.plot([lo, hi], [0.9 * lo, 0.9 * hi], color="0.5", lw=1, ls="--", label="0.9 x predicted")
+    sched = table["baseline"].str.split(" ").str[0]
+    for s in scheduler_order(sched):
+        d = table[sched == s]
+        ax.scatter(d["predicted"], d["measured"], color=_colour(s), s=32, alpha=0.85, label=s)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted forest speed-up (bounds)",
+           ylabel="measured forest speed-up", title="Forest over each baseline, per network")
+    ax.legend(fontsize=8)
+    return _save(fig, out, formats)

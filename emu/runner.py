@@ -229,6 +229,8 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
             plan = info.get("plan") or {}
             row.update({f"plan_{k}": plan.get(k) for k in ("rate_bps", "optimum_bps", "of_optimum", "ring_rate_bps")
                         if k in plan})
+            if "plans" in info:   # forest on measured bandwidth: one record per (re-)plan
+                row["plan_count"] = len(info["plans"])
         # Judge fidelity over the measured iterations (start-up imports saturate the CPU
         # while no gradient moves).
         warm = iters[measured(iters["iteration"], exp.workload["warmup"], exp.workload["iterations"])]
