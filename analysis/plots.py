@@ -477,3 +477,41 @@ def predicted_measured_plot(table: pd.DataFrame, out: Path, formats: tuple[str, 
            ylabel="measured forest speed-up", title="Forest over each baseline, per network")
     ax.legend(fontsize=8)
     return _save(fig, out, formats)
+
+
+def replan_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ...] = ("png",)) -> Path:
+    """Iteration time of every forest run against the iteration (the workers' mean), one panel
+    per configuration: the forest that re-plans on what it measures beside the one that keeps
+    the plan of the configured rates. A dotted line marks each plan the measuring forest
+    installed (scheduler_info.json `plans`), at the iteration it took effect."""
+    from analysis.tables import add_configurations
+
+    _theme()
+    sweep_dir = Path(sweep_dir)
+    runs = load_runs(sweep_dir, status="ok")
+    runs = runs[runs["scheduler"] == "forest"]
+    plans = {r: _plans(sweep_dir / r) for r in runs["run_id"]}
+    if not any(len(p) > 1 for p in plans.values()):
+        raise Skipped("no forest run re-planned")
+    runs = add_configurations(runs, sweep_dir)
+    configs = list(dict.fromkeys(runs.loc[runs["run_id"].map(lambda r: len(plans[r]) > 1), "config"]))
+    fig, axes = plt.subplots(len(configs), 1, figsize=(9, 3.2 * len(configs)), squeeze=False)
+    for ax, cfg in zip(axes[:, 0], configs, strict=True):
+        for _, run in runs[runs["config"] == cfg].iterrows():
+            its = load_iterations(sweep_dir, run.to_frame().T, drop_warmup=False)
+            per = its.assign(t=its["end"] - its["start"]).groupby("iteration")["t"].mean() * 1e3
+            bw = run.get("schedulers.forest.bandwidth")
+            label = f"forest, {bw if isinstance(bw, str) else 'measured'} bandwidth"
+            line, = ax.plot(per.index, per.values, lw=1.2, label=label)
+            for rec in plans[run["run_id"]][1:]:
+                ax.axvline(rec["iteration"], color=line.get_color(), ls=":", lw=1)
+        ax.set(yscale="log", xlabel="iteration", ylabel="iteration time (ms)", title=cfg)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, out or sweep_dir / "replan.png", formats)
+
+
+def _plans(run_dir: Path) -> list[dict]:
+    """The forest's plan records of a run (scheduler_info.json), [] without any."""
+    info = run_dir / "scheduler_info.json"
+    return json.loads(info.read_text()).get("plans", []) if info.exists() else []

@@ -33,6 +33,9 @@ FIGURES = [  # (file stem, heading, function, caption)
     ("link_utilisation", "Link utilisation", plots.link_utilisation_plot,
      "Send rate of the busiest link directions of one run, with the configured rate (the bandwidth trace "
      "when shaped) dashed."),
+    ("replan", "Forest re-planning", plots.replan_plot,
+     "Iteration time of each forest run, per configuration: the forest that plans on what it measures "
+     "(dotted lines: where a new plan took effect) beside the one that keeps the plan of the configured rates."),
     ("efficiency", "Efficiency against the analytic bound", plots.efficiency_plot,
      "Left: each run's measured iteration (median; the mean where its bandwidth varied) against the lower "
      "bound of its scheduler's model on the bandwidth the run had (see Bounds). Right: efficiency = bound / "
