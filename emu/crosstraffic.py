@@ -9,6 +9,8 @@ summarised into the run.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from emu.topospec import MAX_MBPS, NodeName
 
 BASE_PORT = 5201
+INTERRUPT_WAIT_S = 3.0   # for the interrupted clients to write their results
 
 
 class Flow(BaseModel):
@@ -62,13 +65,14 @@ class CrossTraffic:
     """Starts each flow at its time in a background thread; `summary()` reads the results."""
 
     def __init__(self, flows: list[Flow], horizon_s: float, ip: Callable[[str], str],
-                 launch: Callable[[str, str, list[str]], None], log_dir: Path):
+                 launch: Callable[[str, str, list[str]], subprocess.Popen | None], log_dir: Path):
         self.flows = flows
         self.horizon_s = horizon_s
         self.ip = ip
         self.launch = launch
         self.log_dir = log_dir
         self.started: list[int] = []
+        self.clients: list = []          # the iperf3 clients' processes (Popen), as launched
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cross-traffic", daemon=True)
@@ -87,14 +91,28 @@ class CrossTraffic:
                 if self._stop.wait(max(0.0, self.t0 + f.start_s - time.monotonic())):
                     return
                 end = min(f.stop_s, self.horizon_s) if f.stop_s is not None else self.horizon_s
-                self.launch(f.src, f"xflow{i}", client_argv(f, self.ip(f.dst), BASE_PORT + i, end - f.start_s))
+                p = self.launch(f.src, f"xflow{i}", client_argv(f, self.ip(f.dst), BASE_PORT + i, end - f.start_s))
+                if p is not None:
+                    self.clients.append(p)
                 self.started.append(i)
         except BaseException as e:  # noqa: BLE001
             self.error = e
 
     def stop(self) -> None:
+        """Stop starting flows, and interrupt the clients still running: iperf3 writes its JSON
+        (what the flow achieved so far) on SIGINT, where a kill at teardown would leave none,
+        and a flow that lasts the whole run would report no rate."""
         self._stop.set()
         self._thread.join(5)
+        running = [p for p in self.clients if p.poll() is None]
+        for p in running:
+            p.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + INTERRUPT_WAIT_S
+        for p in running:
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                pass   # torn down with the network
 
     def summary(self) -> list[dict]:
         out = []
@@ -104,8 +122,10 @@ class CrossTraffic:
             try:
                 res = json.loads((self.log_dir / f"xflow{i}.out").read_text())
                 end = res.get("end", {})
-                s = end.get("sum_received") or end.get("sum") or {}
-                row["mbps"] = s.get("bits_per_second", 0) / 1e6 if s else None
+                # what the receiver got; a client interrupted at the end of the run never hears
+                # it (0 there), and then what it sent stands in (a UDP flow's loss unknown)
+                rates = [(end.get(k) or {}).get("bits_per_second", 0) for k in ("sum_received", "sum_sent", "sum")]
+                row["mbps"] = next((r / 1e6 for r in rates if r > 0), None)
             except (OSError, ValueError):
                 pass
             out.append(row)

@@ -66,7 +66,7 @@ class ForestParams(SchedulerParams):
         default="measured", description="measured: plan on what a probe at start-up measures and re-plan when "
         "the all-reduce time changes (forest_replan.py); configured: plan once on the capacity graph's rates")
     probe_s: float = Field(default=0.5, gt=0.05, le=10, description="length of one probe round, s (n + 2 rounds)")
-    replan_threshold: float = Field(default=0.15, gt=0, le=10,
+    replan_threshold: float = Field(default=0.25, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
                                                 "[ref / (1 + t), ref * (1 + t)]")
 
@@ -203,6 +203,7 @@ class Forest(Scheduler):
         if self.peers:
             self._connect()
         if self.replanner is not None:
+            self.replanner.gradient_bits = 32.0 * sum(t.numel for t in tensors)
             self.replanner.enter(0)
 
     def _connect(self) -> None:
@@ -350,6 +351,8 @@ class Forest(Scheduler):
                 raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
             self._pushed[key] = it
             self._iter_left.setdefault(it, self._keys)
+            if self.replanner is not None:
+                self.replanner.pushed(it)
             if not chunks:
                 self._done[key] = it
                 self._cv.notify_all()

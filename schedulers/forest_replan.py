@@ -19,12 +19,17 @@ The median of the last 5 iterations under a plan (from its third) is its referen
 drift is followed. Two iterations in a row slower than (1 + threshold) times the reference,
 or both faster than reference / (1 + threshold), each also by at least MIN_CHANGE_S and by 3
 median absolute deviations of the reference, mean the bandwidth changed: iteration i + 2
-re-probes and re-plans, the third iteration after the change. One iteration is not enough:
-at 15 Mb/s the all-reduce time varies by +-20% between iterations, and a single-iteration
-trigger re-probed three times in 60 iterations on noise alone, at 5.7 s a probe. The default
-threshold, 0.15, is the loss the plan may have against the new optimum (it must stay at
-0.85 or more). A change that does not move the all-reduce time (a link no tree is limited by
-got faster) goes unnoticed.
+re-probes and re-plans, the third iteration after the change. So do two iterations in a row
+slower than twice the plan's own prediction (the gradient over the plan's rate, or the
+backward pass if that is longer): a change
+that came during the probe (which takes the largest reading of each link over its rounds)
+leaves a plan that cannot run at its rate, and a reference taken under it would hide that.
+One iteration is not enough: at 15 Mb/s the all-reduce time varies by +-20% between
+iterations, and a single-iteration trigger re-probed three times in 60 iterations on noise
+alone, at 5.7 s a probe. The default threshold, 0.25, keeps apart what these runs showed as
+noise (two iterations 1.17x and 1.18x) from the changes they were built for (3.4x after a
+tenant's arrival). A change that does not move the all-reduce time (a link no tree is
+limited by got faster) goes unnoticed.
 """
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ PROBE_FRAME = np.zeros(16_384, np.float32)   # 64 KiB of filler
 REFERENCE_ITERATIONS = 3    # iterations under a new plan before its reference time is trusted
 REFERENCE_WINDOW = 5        # the reference: median all-reduce time of its last this many iterations
 MIN_CHANGE_S = 0.02         # a smaller change of the all-reduce time cannot repay a probe of seconds
+PLAN_EFFICIENCY_MIN = 0.5   # an all-reduce slower than twice the plan's prediction: the plan is wrong
 _ORDER = (-1,)              # control and probe frames go before any gradient
 
 
@@ -64,11 +70,13 @@ class Replanner:
         self.inbox: dict[tuple[str, int, int], dict] = {}
         self.decided: dict[int, str] = {}       # worker 0: iteration -> why it probes ("" = no probe)
         self.first_push: dict[int, float] = {}
+        self.last_push: dict[int, float] = {}
         self.windows: list[float] = []           # all-reduce times under the current plan
         self.epoch = 0
         self.busy: int | None = None             # the iteration being re-planned for, until installed
         self.outside: tuple[int, int] = (0, -1)  # worker 0: the last iteration's side of the band, and which
         self.trace: list[list] = []              # worker 0: [iteration, plan epoch, all-reduce s] of each
+        self.gradient_bits = 0.0                 # set by the forest at start: 32 x the parameters
 
     # ------------------------------------------------------------------ messages
     def send(self, peer: int, msg: dict) -> None:
@@ -111,15 +119,14 @@ class Replanner:
         if self.f.rank != 0:
             return
         started = self.first_push.pop(it, None)
+        backward = self.last_push.pop(it, 0.0) - (started or 0.0)
         why = ""
         if started is not None and it >= 1 and self.decided.get(it + 1, "") == "":
             window = time.monotonic() - started
             self.trace.append([it, self.epoch, window])
-            side = self._outside(window)
+            side, text = self._outside(window, backward)
             if side and side == self.outside[0]:
-                ratio = window / statistics.median(self.windows[-REFERENCE_WINDOW:])
-                why = (f"iterations {self.outside[1]} and {it}: all-reduce {ratio:.2f}x the median of this "
-                       f"plan's last iterations")
+                why = f"iterations {self.outside[1]} and {it}: {text}"
             elif not side:
                 self.windows.append(window)
             self.outside = (side, it)
@@ -127,18 +134,30 @@ class Replanner:
         for p in range(1, self.f.n):
             self.send(p, {"t": "note", "it": it + 2, "why": why})
 
-    def _outside(self, window: float) -> int:
-        """+1 / -1 when `window` is slower / faster than the plan's reference by more than the
-        threshold, by MIN_CHANGE_S and by 3 median absolute deviations of the reference; else 0."""
+    def pushed(self, it: int) -> None:
+        """Worker 0, lock held: a gradient of `it` was pushed (the last one ends the backward pass)."""
+        if self.f.rank == 0:
+            self.last_push[it] = time.monotonic()
+
+    def _outside(self, window: float, backward: float) -> tuple[int, str]:
+        """(+1 or -1, why) when `window` is slower or faster than the plan's reference by more
+        than the threshold, by MIN_CHANGE_S and by 3 median absolute deviations of the
+        reference, or (+1, why) when it is under PLAN_EFFICIENCY_MIN of what the plan predicts
+        (the longer of G over the plan's rate and the backward pass that pushes G: a plan made
+        on a probe that a change overtook); else (0, "")."""
+        predicted = max(self.gradient_bits / self.f._plan.rate, backward) if self.f._plan is not None else 0.0
+        if predicted > 0 and window > predicted / PLAN_EFFICIENCY_MIN and window - predicted >= MIN_CHANGE_S:
+            return 1, f"all-reduce {window / predicted:.1f}x the plan's prediction"
         if len(self.windows) < REFERENCE_ITERATIONS:
-            return 0
+            return 0, ""
         ref_windows = self.windows[-REFERENCE_WINDOW:]
         ref = statistics.median(ref_windows)
         spread = 3 * statistics.median(abs(w - ref) for w in ref_windows)
         ratio = window / ref
         if abs(window - ref) < max(MIN_CHANGE_S, spread):
-            return 0
-        return 1 if ratio > 1 + self.threshold else -1 if ratio < 1 / (1 + self.threshold) else 0
+            return 0, ""
+        why = f"all-reduce {ratio:.2f}x the median of this plan's last iterations"
+        return (1, why) if ratio > 1 + self.threshold else (-1, why) if ratio < 1 / (1 + self.threshold) else (0, "")
 
     # ------------------------------------------------------------------ the probe and the plan
     def hold(self, it: int) -> None:

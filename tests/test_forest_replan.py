@@ -125,3 +125,24 @@ def test_workers_that_know_different_networks_refuse_to_connect():
 
     out, _ = run_threads(work, 3, join_s=20)
     assert all(isinstance(e, CommError) and "different forest plan" in str(e) for e in out.values()), out
+
+
+def test_trigger_band_reference_and_plan_prediction():
+    """Worker 0's rule (forest_replan.Replanner._outside): outside [ref / 1.25, 1.25 ref] of
+    the median of the plan's recent iterations, by 20 ms and 3 MADs; or under half the plan's
+    own prediction, which counts the backward pass when that is the longer."""
+    from types import SimpleNamespace
+
+    from schedulers.forest_replan import Replanner
+    forest = SimpleNamespace(_plan=SimpleNamespace(rate=1e7), rank=0, n=2)
+    r = Replanner(forest, {}, [], None, probe_s=0.1, threshold=0.25, epsilon=0.03, assumed=False)
+    r.gradient_bits = 1e6                                   # predicted: 0.1 s at 10 Mb/s
+    assert r._outside(0.25, 0.0)[0] == 1 and "prediction" in r._outside(0.25, 0.0)[1]
+    assert r._outside(0.15, 0.0) == (0, "")                 # no reference yet, within 2x
+    assert r._outside(0.25, 0.2) == (0, "")                 # the backward pass took 0.2 s
+    r.windows, r.gradient_bits = [0.20, 0.21, 0.20, 0.19, 0.20], 2e6   # predicted 0.2 s
+    assert r._outside(0.26, 0.0)[0] == 1                    # 1.3x the reference
+    assert r._outside(0.24, 0.0) == (0, "")                 # 1.2x: inside the band
+    assert r._outside(0.15, 0.0)[0] == -1                   # faster by 1.33x
+    r.windows = [0.10, 0.30, 0.20, 0.10, 0.30]              # noisy reference: 3 MADs = 0.3 s
+    assert r._outside(0.45, 0.4) == (0, "")
