@@ -20,17 +20,21 @@ below 16 KiB also buys little: one 16 KiB packet is 1.3 ms at 100 Mb/s, while a 
 gradient mostly waits behind the kernel's bounded send queue (~10 ms of the link,
 transport.py). 16 KiB is the smallest packet that leaves the server CPU for links up to
 1 Gb/s; set it lower for slower links if the preemption granularity matters.
+
+A modelled start-up cost (`startup_us`, `schedulers/ps.py`) is paid by every packet, since
+each is a frame of its own: the harshest reading of a per-message cost for Mercury, whose
+paper puts the start-up slot before each tensor partition, not each transport packet.
 """
 from __future__ import annotations
 
 from pydantic import Field
 
-from schedulers.base import SchedulerParams, TensorSpec
-from schedulers.ps import PushScheduler
+from schedulers.base import TensorSpec
+from schedulers.ps import PSParams, PushScheduler
 from schedulers.transport import Mode
 
 
-class MercuryParams(SchedulerParams):
+class MercuryParams(PSParams):
     packet_bytes: int = Field(default=16384, ge=4, le=67_108_864, multiple_of=4,
                               description="payload bytes per packet (a multiple of 4: float32)")
 

@@ -5,18 +5,19 @@ slices are spread over the servers balanced by size, so one large layer keeps ev
 link busy. Priority acts at both ends: each worker's per-server outbox always sends its
 best (iteration, layer priority, slice) next, and the server queues received slices by the
 same order and sums them best first (server mode QUEUED). The server answers each push with
-the slice's average once every worker's copy is in: there is no pull request.
+the slice's average once every worker's copy is in: there is no pull request. A modelled
+start-up cost (`startup_us`, `schedulers/ps.py`) is paid by every slice pushed.
 """
 from __future__ import annotations
 
 from pydantic import Field
 
-from schedulers.base import SchedulerParams, TensorSpec
-from schedulers.ps import PushScheduler, assign_servers
+from schedulers.base import TensorSpec
+from schedulers.ps import PSParams, PushScheduler, assign_servers
 from schedulers.transport import Mode
 
 
-class P3Params(SchedulerParams):
+class P3Params(PSParams):
     slice_numel: int = Field(default=40_000, gt=0, description="elements per slice (P3's default)")
 
 

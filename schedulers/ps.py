@@ -15,17 +15,29 @@ and `wait` raises it). Two protocols build on it:
   server's outbox, ordered by (iteration, layer priority, slice), and the server returns
   the average of each slice as soon as every worker's copy is in. A subclass chooses the
   slice size and which server gets which slice (`p3`, `mercury`).
+
+Every member's params derive from `PSParams`, whose `startup_us` models a per-message
+start-up cost (the Mercury paper's "startup time slot inserted before every tensor
+partition"): the send thread of each server connection waits that long after picking a
+PUSH or PULL frame and before writing it (`StartupCost`). Nothing else goes out on that
+connection meanwhile, so the cost serialises per connection as a real per-message cost
+does; connections to different servers pay theirs in parallel. It is a sleep, not a busy
+loop, so it costs no CPU that training could use. The servers' ACKs and RESULTs pay
+nothing. Default 0: only what this transport and Python really cost per message.
 """
 from __future__ import annotations
 
 import abc
+import functools
 import heapq
 import itertools
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
+from pydantic import Field, model_serializer
 
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.failure import Failure
@@ -50,9 +62,54 @@ def chunk_sizes(numel: int, step: int | None) -> list[int]:
     return [min(step, numel - off) for off in range(0, max(numel, 1), step)]
 
 
+class PSParams(SchedulerParams):
+    """What every member of the parameter-server family accepts. `startup_us` is left out of
+    the dump while it is 0, so the resolved configs, and the run ids hashed from them, of
+    runs made before it existed do not change (a sweep still resumes)."""
+
+    startup_us: float = Field(
+        default=0.0, ge=0, le=1_000_000, allow_inf_nan=False,
+        description="start-up cost per message, microseconds: the worker's send thread waits this long "
+                    "before writing each PUSH and PULL frame (0: only the transport's real cost)")
+
+    @model_serializer(mode="wrap")
+    def _without_zero_startup(self, handler):
+        d = handler(self)
+        if not self.startup_us:
+            d.pop("startup_us", None)
+        return d
+
+
+class StartupCost:
+    """The modelled start-up cost of one connection's messages, paid by its send thread.
+
+    `pay()` waits `seconds` less whatever the previous waits overshot (time.sleep wakes tens
+    of microseconds late), so after n messages `waited_s` is at least n x seconds and exceeds
+    it by at most one wake-up's lateness: small costs are not inflated by sleep's
+    granularity. Only the connection's one send thread calls it.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.messages = 0
+        self.waited_s = 0.0
+        self._owed = 0.0
+
+    def pay(self) -> None:
+        self.messages += 1
+        self._owed += self.seconds
+        if self._owed > 0:
+            t0 = time.monotonic()
+            time.sleep(self._owed)
+            waited = time.monotonic() - t0
+            self.waited_s += waited
+            self._owed -= waited
+
+
 class PSBase(Scheduler):
     """Connections, receive loops, wait/close and failure handling for the PS family."""
 
+    Params: ClassVar[type[SchedulerParams]] = PSParams
     server_mode: ClassVar[Mode]
     CLOSE_WAIT_S: ClassVar[float] = 10.0  # for the servers' BYE after ours
 
@@ -64,16 +121,18 @@ class PSBase(Scheduler):
         self.conns: list[Connection] = []
         self.outboxes: list[Outbox] = []
         self._threads: list[threading.Thread] = []
+        self.startup = [StartupCost(params.startup_us / 1e6) for _ in ctx.servers]  # one per server
 
     # ------------------------------------------------------------------ setup
     def _connect(self) -> None:
-        on_send = self._trace_send if self.ctx.trace else None
+        hooked = self.ctx.trace or self.params.startup_us > 0
         try:
             for i, ep in enumerate(self.ctx.servers):
                 conn = connect(ep.ip, ep.port, f"server {i} ({ep.host} {ep.ip}:{ep.port})",
                                self.ctx.connect_timeout_s)
                 self.conns.append(conn)
                 conn.send(Kind.HELLO, key=self.ctx.num_workers, chunk=self.server_mode, sender=self.ctx.rank)
+                on_send = functools.partial(self._sending, i) if hooked else None
                 self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank, on_send=on_send))
         except BaseException as e:
             for conn in self.conns:
@@ -84,9 +143,21 @@ class PSBase(Scheduler):
         for th in self._threads:
             th.start()
 
-    def _trace_send(self, kind: Kind, key: int, chunk: int, it: int) -> None:
+    def _sending(self, s: int, kind: Kind, key: int, chunk: int, it: int) -> None:
+        """Server s's send thread is about to write a frame: pay the start-up cost of a PUSH
+        or PULL, then trace a PUSH (its first byte goes to the socket now)."""
+        if kind in (Kind.PUSH, Kind.PULL) and self.startup[s].seconds:
+            self.startup[s].pay()
         if kind == Kind.PUSH:
             self.event("send", key, chunk, it)
+
+    def info(self) -> dict:
+        """With a start-up cost: the cost, the messages that paid it and the time waited."""
+        if not self.params.startup_us:
+            return {}
+        return {"startup_us": self.params.startup_us,
+                "startup_messages": sum(c.messages for c in self.startup),
+                "startup_waited_s": sum(c.waited_s for c in self.startup)}
 
     # ------------------------------------------------------------------ API
     def wait(self, key: int, it: int) -> np.ndarray:
@@ -177,6 +248,10 @@ class PSScheduler(PSBase):
                        flight, a partition goes out whatever its size). Default None: no
                        window.
     order(task)        the priority queue's sort key, lowest first. No default.
+    wire_order(task)   the order of the task's PUSH and PULL frames in their server's outbox,
+                       lowest first. Default: order(task), so a PULL overtakes the pushes of
+                       worse tasks not yet handed to the kernel. `fifo` returns one constant:
+                       the outbox then sends in the order the frames were queued.
     """
 
     server_mode = Mode.PULL
@@ -189,6 +264,9 @@ class PSScheduler(PSBase):
 
     @abc.abstractmethod
     def order(self, task: CommTask) -> tuple: ...
+
+    def wire_order(self, task: CommTask) -> tuple:
+        return task.order
 
     def __init__(self, ctx: RoleContext, params: SchedulerParams):
         super().__init__(ctx, params)
@@ -241,8 +319,8 @@ class PSScheduler(PSBase):
                 task: CommTask = heapq.heappop(self._queue)[3]
                 self._inflight[(task.key, task.chunk, task.it)] = task
                 self._inflight_numel += task.numel
-            self.outboxes[task.server].put(task.order, Kind.PUSH, task.key, task.chunk, task.it, task.data,
-                                           priority=task.priority)
+            self.outboxes[task.server].put(self.wire_order(task), Kind.PUSH, task.key, task.chunk, task.it,
+                                           task.data, priority=task.priority)
 
     def _may_send(self) -> bool:
         """The best queued task fits the credit window (caller holds self._cv)."""
@@ -258,7 +336,8 @@ class PSScheduler(PSBase):
             raise CommError(f"{conn.peer} sent {h.kind.name} for unknown slot {h.key}/{h.chunk}/it {h.it}")
         if h.kind == Kind.ACK:
             self._acked(task)
-            self.outboxes[s].put(task.order, Kind.PULL, task.key, task.chunk, task.it, priority=task.priority)
+            self.outboxes[s].put(self.wire_order(task), Kind.PULL, task.key, task.chunk, task.it,
+                                 priority=task.priority)
         elif h.kind == Kind.RESULT:
             if h.nbytes != task.numel * 4:
                 raise CommError(f"{conn.peer} sent {h.nbytes} bytes for a {task.numel}-element slice")

@@ -6,8 +6,8 @@ after the first iteration nothing is allocated; the first push of a slot becomes
 running sum and the others are added into it. Once every worker's copy is in, the sum is
 divided by the number of workers. What happens around that is the server's `Mode`:
 
-    PULL       ACK each push; answer each PULL as soon as its slot is complete (fifo,
-               bytescheduler)
+    PULL       ACK each push; answer each PULL as soon as its slot is complete, first come,
+               first served (fifo, bytescheduler; see below)
     QUEUED     receive threads put pushes into one priority queue ordered by (iteration,
                layer priority, slice); one thread sums them in that order and sends each
                complete slot to every worker unasked (p3: the server's busy time goes to
@@ -16,9 +16,22 @@ divided by the number of workers. What happens around that is the server's `Mode
                to every worker the moment its last copy is in, so push and pull overlap
                packet by packet (mercury)
 
-Every worker connection has its own receive thread and its own priority outbox (results
-ordered by iteration, layer priority, slice), so one slow worker link never stalls the
-others. The workers' HELLO names the mode they speak; `python -m schedulers.server SPEC.json`
+Every worker connection has its own receive thread and its own outbox, so one slow worker
+link never stalls the others. What the outbox sends first depends on the mode:
+
+- PULL: the order in which the requests arrived. Each PUSH and each PULL is stamped with a
+  server-wide arrival number as it is read; the ACK of a push carries its push's number, the
+  RESULT of a pull its PULL's number (a PULL that came before its slot was complete keeps
+  its place), and the outbox sends the lowest first. This is what ps-lite's server does, and
+  ByteScheduler keeps that server: its priority lives at the worker (the order in which it
+  pushes and pulls, and the credit), so bytescheduler gets arrival order too. Before
+  issue 12 the answers were ordered by (iteration, key, slice): keys follow the forward
+  order, so fifo's server answered the layers nearest the input first, a priority that
+  fifo does not have.
+- QUEUED and IMMEDIATE: (iteration, layer priority, slice), the server-side priority of p3
+  and mercury by design.
+
+The workers' HELLO names the mode they speak; `python -m schedulers.server SPEC.json`
 takes the mode from the spec's `scheduler` entry and refuses workers that speak another
 (`ParameterServer(mode=None)`, used in-process by tests, adopts the workers' mode).
 
@@ -73,7 +86,7 @@ class Slot:
     total: np.ndarray | None = None
     ranks: int = 0                                      # bit r: worker r's push is in
     result: np.ndarray | None = None
-    waiting: list[int] = field(default_factory=list)   # PULL mode: ranks whose PULL came early
+    waiting: list[tuple[int, int]] = field(default_factory=list)  # PULL mode: (rank, arrival) of early PULLs
     served: int = 0                                     # PULL mode: results handed to outboxes
     priority: int = 0
     sent: Callable[[], None] | None = None              # PULL mode: see _releaser
@@ -101,6 +114,7 @@ class ParameterServer:
         self.queue: list = []                      # QUEUED mode: received pushes by priority
         self.queue_cv = threading.Condition()
         self._seq = itertools.count()
+        self._arrival = itertools.count()          # PULL mode: requests in the order they are read
         self.trace = trace
         self.events: list[tuple[str, int, int, int, float]] = []
         self.log = log or (lambda msg: print(f"[server {rank}] {msg}", file=sys.stderr, flush=True))
@@ -208,7 +222,7 @@ class ParameterServer:
                     self.event("recv", h.key, h.chunk, h.it)
                     self._pushed(rank, h, data)
                 elif h.kind == Kind.PULL and self.mode == Mode.PULL:
-                    self._pull((h.key, h.chunk, h.it), rank)
+                    self._pull((h.key, h.chunk, h.it), rank, next(self._arrival))
                 elif h.kind == Kind.BYE:
                     self._bye(rank)
                     return
@@ -221,8 +235,9 @@ class ParameterServer:
 
     def _pushed(self, rank: int, h: Header, data: np.ndarray) -> None:
         if self.mode == Mode.PULL:
+            arrival = next(self._arrival)
             self._add(rank, h, data)
-            self.outboxes[rank].put((h.it, h.key, h.chunk), Kind.ACK, h.key, h.chunk, h.it)
+            self.outboxes[rank].put((arrival,), Kind.ACK, h.key, h.chunk, h.it)
         elif self.mode == Mode.QUEUED:
             with self.queue_cv:
                 heapq.heappush(self.queue, ((h.it, h.priority, h.chunk), next(self._seq), rank, h, data))
@@ -275,8 +290,8 @@ class ParameterServer:
             self.event("done", h.key, h.chunk, h.it)
             if self.mode == Mode.PULL:
                 slot.priority, slot.sent = h.priority, self._releaser(slot.result)
-                for r in slot.waiting:
-                    self._send_result(slot_id, slot, r)
+                for r, arrival in slot.waiting:
+                    self._send_result(slot_id, slot, r, arrival)
                 slot.waiting.clear()
             else:
                 del self.slots[slot_id]
@@ -302,18 +317,18 @@ class ParameterServer:
             self.pool.give(result)
         return sent
 
-    def _pull(self, slot_id: tuple[int, int, int], rank: int) -> None:
+    def _pull(self, slot_id: tuple[int, int, int], rank: int, arrival: int) -> None:
         with self.lock:
             slot = self.slots.setdefault(slot_id, Slot())
             if slot.result is None:
-                slot.waiting.append(rank)
+                slot.waiting.append((rank, arrival))
             else:
-                self._send_result(slot_id, slot, rank)
+                self._send_result(slot_id, slot, rank, arrival)
 
-    def _send_result(self, slot_id, slot: Slot, rank: int) -> None:
-        """PULL mode; caller holds self.lock."""
+    def _send_result(self, slot_id, slot: Slot, rank: int, arrival: int) -> None:
+        """PULL mode, answered in the order the PULLs arrived; caller holds self.lock."""
         key, chunk, it = slot_id
-        self.outboxes[rank].put((it, key, chunk), Kind.RESULT, key, chunk, it, slot.result, slot.priority,
+        self.outboxes[rank].put((arrival,), Kind.RESULT, key, chunk, it, slot.result, slot.priority,
                                 on_sent=slot.sent)
         slot.served += 1
         if slot.served == self.num_workers:

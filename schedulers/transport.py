@@ -240,7 +240,8 @@ _STOP = (float("inf"),)
 
 
 class Outbox:
-    """Frames for one connection, sent by one thread in `order` (lowest first).
+    """Frames for one connection, sent by one thread in `order` (lowest first; frames of
+    equal order in the order they were put, so one constant order makes a FIFO queue).
 
     The thread waits until the kernel wants more bytes and only then pops the best frame:
     the choice is made as late as possible. `on_send(kind, key, chunk, it)` is called as a
