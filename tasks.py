@@ -103,6 +103,53 @@ def sweep(c, config, set=None, results=str(RESULTS), force=False, shard=None):  
     run(c, config, set=set, results=results, force=force, shard=shard)
 
 
+_TUNE_HELP = {
+    "config": "experiment config or sweep file giving the network setting and workload (its iterations)",
+    "scheduler": "the scheduler to tune: bytescheduler (partition_numel, credit_numel) or p3 (slice_numel)",
+    "budget": "number of trials, each one run (trials of an earlier call of the same tune count)",
+    "set": "override a config key, e.g. --set workload.iterations=10 (repeatable)",
+    "results": "results root (default: results/); the tune goes to <results>/<name>/",
+    "point": "which network setting of a config with a grid (0-based; required when it has several)",
+    "name": "the tune's name and results directory (default: <config name>-tune-<scheduler>[-<point>])",
+    "seed": "the sampler's seed (default 0)",
+    "sampler": "tpe (default) or gp: optuna's TPE or Gaussian-process sampler",
+    "max-minutes": "start no trial that would end past this many minutes of this call",
+}
+
+
+@task(iterable=["set"], help=_TUNE_HELP)
+def tune(c, config, scheduler=None, budget=None, set=None, results=str(RESULTS), point=None,  # noqa: A002
+         name=None, seed="0", sampler="tpe", max_minutes=None):
+    """Tune a scheduler's tunables on one network setting by Bayesian optimisation (optuna); resumable."""
+    from emu import preflight
+    from emu.config import ConfigError
+    from emu.tune import prepare
+    from emu.tune import tune as do_tune
+
+    command = "./inv tune " + " ".join(sys.argv[sys.argv.index("tune") + 1:]) if "tune" in sys.argv else ""
+    try:
+        spec = prepare(config, scheduler, budget, _sections(), set or [], point=point, name=name, seed=seed,
+                       sampler=sampler, max_minutes=max_minutes, results_root=Path(results), command=command)
+        preflight.check([spec.base])
+    except ConfigError as e:
+        raise Exit(f"error: {e}", code=2) from None
+    _need_root("tune")
+    tune_dir = Path(results) / spec.name
+    try:
+        rec = do_tune(spec, Path(results))
+    except KeyboardInterrupt:
+        raise Exit(f"interrupted: finished trials kept in {tune_dir}; the same command resumes the tune",
+                   code=130) from None
+    finally:
+        _add_bounds(tune_dir)
+    best = rec["best"]
+    if best is None:
+        raise Exit(f"error: no trial completed; see 'reason' in {tune_dir / 'runs.parquet'}", code=1)
+    print(f"best of {rec['cost']['trials']} trials: " + ", ".join(f"{k}={v}" for k, v in best["params"].items())
+          + f", median iteration {best['objective'] * 1e3:.0f} ms")
+    print(f"tuned: {tune_dir / 'tuned.json'} (every trial, cost), {tune_dir / 'tuned.yaml'} (for a sweep)")
+
+
 @task(iterable=["source"], help={"source": "a sweep's results directory (repeatable)",
                                  "into": "the merged results directory"})
 def merge(c, source, into):

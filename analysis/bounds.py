@@ -306,7 +306,7 @@ def run_bounds(run, run_dir: Path) -> dict:
     g = _graph(str(run_dir))
     workers, servers = json.loads(run["roles.workers"]), json.loads(run["roles.servers"])
     grad = float(run["num_params"]) * 4
-    model = bound_model(run["scheduler"], workers, servers)
+    model = bound_model(run.get("scheduler_name", run["scheduler"]), workers, servers)  # a labelled variant: its own
     cap = run_capacity(g, run, run_dir)
     cut = cut_bound_s(cap.graph, workers, grad)
     comm = cut if model == "cut" else model_bound_s(model, cap.graph, workers, servers, grad)

@@ -35,9 +35,14 @@ class Skipped(NoResults):
 
 
 def scheduler_order(names) -> list[str]:
-    """Schedulers in the canonical order (baseline first), unknown ones after, by name."""
+    """Schedulers in the canonical order (baseline first), unknown ones after, by name; a
+    labelled variant (`bytescheduler (tuned)`) right after its scheduler."""
     names = list(dict.fromkeys(names))
-    return sorted(names, key=lambda s: (SCHEDULER_ORDER.index(s) if s in SCHEDULER_ORDER else len(SCHEDULER_ORDER), s))
+
+    def key(s: str):
+        base = s.split(" (", 1)[0]
+        return (SCHEDULER_ORDER.index(base) if base in SCHEDULER_ORDER else len(SCHEDULER_ORDER), base, s)
+    return sorted(names, key=key)
 
 
 def _colour(name: str):

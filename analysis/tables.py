@@ -23,9 +23,22 @@ class NoResults(LookupError):
 
 # Config keys that do not change *what* is measured, only who schedules it or which sample it is.
 # Parameter servers belong to the scheduling choice: the PS family needs them, the collectives
-# refuse them, and both train the same workers on the same network.
+# refuse them, and both train the same workers on the same network. A `label` names a variant
+# of the scheduler (e.g. its tuned tunables).
 def _not_configuration(key: str) -> bool:
-    return key in ("scheduler", "seed", "schedulers", "roles.servers") or key.startswith("schedulers.")
+    return key in ("scheduler", "seed", "schedulers", "roles.servers", "label") or key.startswith("schedulers.")
+
+
+def variant_names(runs: pd.DataFrame) -> pd.DataFrame:
+    """`scheduler` as the analysis compares it: a run with a `label` (config key) is its own
+    variant, `bytescheduler (tuned)` beside `bytescheduler`; the registry name stays in
+    `scheduler_name`."""
+    runs = runs.assign(scheduler_name=runs["scheduler"])
+    if "label" in runs:
+        text = runs["label"].map(lambda v: v if isinstance(v, str) else "")
+        labelled = text != ""
+        runs.loc[labelled, "scheduler"] = runs.loc[labelled, "scheduler"] + " (" + text[labelled] + ")"
+    return runs
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -50,6 +63,7 @@ def load_runs(sweep_dir: Path, status: str | None = None, run_ids: list[str] | N
                                   else v)
     if run_ids is not None:
         runs = runs[runs["run_id"].isin(run_ids)]
+    runs = variant_names(runs)
     runs["num_workers"] = runs["roles.workers"].map(lambda s: len(json.loads(s)))
     if status is not None:
         runs = runs[runs["status"] == status]

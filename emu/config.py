@@ -152,6 +152,10 @@ class Experiment(Strict):
     workload: dict[str, Any]
     scheduler: str
     schedulers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    label: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.,=+-]{0,39}$",
+        description="names this variant of the scheduler in reports (e.g. tuned: `bytescheduler (tuned)` beside "
+                    "`bytescheduler`); unset by default, when it changes nothing, run ids included")
     _net: NetSpec | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")

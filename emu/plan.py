@@ -41,6 +41,12 @@ class Plan:
     repeats: int
     source: Path
     points: list[dict[str, Any]] = field(default_factory=list)  # the grid/zip values of each experiment
+    base_dir: Path | None = None  # where the experiments' relative paths (trace files) start
+
+    @property
+    def paths_from(self) -> Path:
+        """The directory relative paths start from, to validate a variant of an experiment."""
+        return self.base_dir if self.base_dir is not None else self.source.parent
 
     def __post_init__(self) -> None:
         if not self.points:  # no grid: one empty point per experiment
@@ -259,4 +265,5 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
     grid, zipped, repeats = _take_plan_keys(raw)
     points_total, values = _count(raw, grid, zipped, repeats)
     experiments, points = _expand(raw, grid, zipped, sections, base_dir, values, points_total)
-    return Plan(name=experiments[0].name, experiments=experiments, repeats=repeats, source=path, points=points)
+    return Plan(name=experiments[0].name, experiments=experiments, repeats=repeats, source=path, points=points,
+                base_dir=base_dir)
