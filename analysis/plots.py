@@ -480,6 +480,10 @@ def predicted_measured_plot(table: pd.DataFrame, out: Path, formats: tuple[str, 
         ax.scatter(d["predicted"], d["measured"], color=_colour(s), s=32, alpha=0.85, label=s)
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="predicted forest speed-up (bounds)",
            ylabel="measured forest speed-up", title="Forest over each baseline, per network")
+    from matplotlib.ticker import FuncFormatter
+    for axis in (ax.xaxis, ax.yaxis):   # 0.5x, 1x, 2x, ... rather than powers of ten
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}x" if v in (0.5, 2, 3, 5, 7) else ""))
     ax.legend(fontsize=8)
     return _save(fig, out, formats)
 

@@ -33,9 +33,6 @@ FIGURES = [  # (file stem, heading, function, caption)
     ("link_utilisation", "Link utilisation", plots.link_utilisation_plot,
      "Send rate of the busiest link directions of one run, with the configured rate (the bandwidth trace "
      "when shaped) dashed."),
-    ("replan", "Forest re-planning", plots.replan_plot,
-     "Iteration time of each forest run, per configuration: the forest that plans on what it measures "
-     "(dotted lines: where a new plan took effect) beside the one that keeps the plan of the configured rates."),
     ("efficiency", "Efficiency against the analytic bound", plots.efficiency_plot,
      "Left: each run's measured iteration (median; the mean where its bandwidth varied) against the lower "
      "bound of its scheduler's model on the bandwidth the run had (see Bounds). Right: efficiency = bound / "
@@ -251,6 +248,19 @@ def _forest(runs: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
     return out
 
 
+def _replan(sweep_dir: Path, out_dir: Path) -> list[str]:
+    """The re-planning figure, where a forest re-planned (nothing otherwise)."""
+    try:
+        png = plots.replan_plot(sweep_dir, out=out_dir / "replan.png", formats=("png", "pdf"))
+    except NoResults:
+        return []
+    return ["## Forest re-planning", "", f"![Forest re-planning]({png.name})", "",
+            "Iteration time of each forest run, per configuration: the forest that plans on what it measures "
+            "(dotted lines: where a new plan took effect) beside the one that keeps the plan of the configured "
+            f"rates. Each plan, its reason and the rates it assumed are in the run's scheduler_info.json. "
+            f"([PDF]({png.with_suffix('.pdf').name}))", ""]
+
+
 def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "fifo") -> Path:
     """Write report.md and its figures into `out_dir` (default: <sweep>/report); returns its path."""
     sweep_dir = Path(sweep_dir)
@@ -290,6 +300,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "
             continue
         md += [f"![{heading}]({png.name})", "", f"{caption} ([PDF]({png.with_suffix('.pdf').name}))", ""]
     md += _forest(runs, sweep_dir, out_dir)
+    md += _replan(sweep_dir, out_dir)
     md += ["## Fidelity", "", *_fidelity(runs_all), ""]
     md += ["## Paper claims beside this sweep", "", *_claims(runs, iters, facts), ""]
     md += ["## Reproduce", "", f"- This report: `./inv report {sweep_dir}`.",

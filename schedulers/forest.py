@@ -61,7 +61,8 @@ class ForestParams(SchedulerParams):
                               description="cut each tree's slice of a tensor into at least this many chunks "
                                           "(none under 4096 floats, 16 KiB)")
     epsilon: float = Field(default=DEFAULT_EPSILON, gt=0, lt=0.5,
-                           description="Garg-Konemann accuracy: plan rate >= (1-eps)^3 of the optimum")
+                           description="recorded with the plan; the plan is the exact LP optimum (it was the "
+                                       "accuracy of the Garg-Konemann planner this replaced)")
     bandwidth: Literal["measured", "configured"] = Field(
         default="measured", description="measured: plan on what a probe at start-up measures and re-plan when "
         "the all-reduce time changes (forest_replan.py); configured: plan once on the capacity graph's rates")
