@@ -29,6 +29,7 @@ SLOW = [
     "tests/test_analysis.py::test_report_task_writes_every_figure_and_the_measured_numbers",
     "tests/test_analysis.py::test_report_without_a_trace_says_why_the_timeline_is_missing",
     "tests/test_forest.py::test_heterogeneous_star_average[8]",
+    "tests/test_forest.py::test_trace_records_sends_and_results",
     "tests/test_forest.py::test_killed_worker_named_by_every_worker_within_bounded_time",
     "tests/test_forest.py::test_two_racks_deep_trees_and_huge_tensor",
     "tests/test_forest.py::test_worker_that_never_starts_is_named",
@@ -46,9 +47,13 @@ SLOW = [
     "tests/test_schedulers_collective.py::test_ring_missing_worker_fails_rendezvous_in_time",
     "tests/test_schedulers_collective.py::test_training_end_to_end_matches_parameter_server",
     "tests/test_schedulers_loopback.py::test_average_equals_reference[forest-8w]",
+    "tests/test_schedulers_loopback.py::test_average_equals_reference[forest-3w]",
     "tests/test_schedulers_loopback.py::test_average_equals_reference[gloo-*]",
     "tests/test_schedulers_loopback.py::test_paper_defaults_huge_tensor",
     "tests/test_schedulers_ps_family.py::test_dead_worker_makes_servers_and_workers_fail_naming_it",
+    "tests/test_trainer.py::test_cnn_distributed_equals_union_batch[forest-*]",
+    "tests/test_trainer.py::test_zoo_distributed_equals_union_batch[lstm-forest]",
+    "tests/test_tune.py::test_study_finds_the_optimum_of_a_synthetic_function_within_the_budget",
 ]
 
 
