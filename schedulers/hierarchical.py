@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import Field
 
-from schedulers.base import CommError, RoleContext, Scheduler, TensorSpec
-from schedulers.buckets import BucketParams, BucketState, plan_buckets
-from schedulers.failure import Failure
+from schedulers.base import CommError, RoleContext, TensorSpec
+from schedulers.buckets import BucketCollective, BucketParams, BucketState, plan_buckets
 from schedulers.ring import Chunk, ring_chunks
 from schedulers.transport import Connection, Kind, Outbox, abort_all, connect, listen, stream_chunk_numel
 
@@ -95,13 +94,12 @@ class HierBucket(BucketState):
     early: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)  # partial in, group sum awaited
 
 
-class Hierarchical(Scheduler):
+class Hierarchical(BucketCollective):
     name = "hierarchical"
     Params = HierarchicalParams
 
     def __init__(self, ctx: RoleContext, params: HierarchicalParams):
         super().__init__(ctx, params)
-        self.n, self.rank = ctx.num_workers, ctx.rank
         self.groups = groups(ctx.topology, [w.host for w in ctx.workers])
         self.leaders = [g[0] for g in self.groups]
         group = next(g for g in self.groups if self.rank in g)
@@ -111,9 +109,6 @@ class Hierarchical(Scheduler):
         self.pos = self.leaders.index(self.leader)  # our group's place in the leaders' ring
         self.right_rank = self.leaders[(self.pos + 1) % self.L]
         self.left_rank = self.leaders[(self.pos - 1) % self.L]
-        self._failure = Failure(f"worker {self.rank}")
-        self._cv = self._failure.cv
-        self._pushed: dict[int, int] = {}
         self._conns: list[Connection] = []           # every connection, for ABORT and close
         self._outboxes: list[Outbox] = []
         self.up: Outbox | None = None                # member: to the leader
@@ -121,13 +116,6 @@ class Hierarchical(Scheduler):
         self.left: Connection | None = None          # leader: from the previous leader
         self._right_conn: Connection | None = None   # leader: the connection under `right`
         self.down: list[Outbox] = []                 # leader: to each member, in rank order
-        self._ended = 0  # peers that said BYE (or vanished while we close)
-        self._connected = False
-        self.buckets: list[HierBucket] = []
-
-    def _peer(self, rank: int) -> str:
-        ep = self.ctx.workers[rank]
-        return f"worker {rank} ({ep.host} {ep.ip}:{ep.port})"
 
     def info(self) -> dict:
         return {"groups": self.groups, "bucket_numel": [rb.spec.numel for rb in self.buckets],
@@ -230,58 +218,14 @@ class Hierarchical(Scheduler):
             got[h.sender] = conn
         return got
 
-    # ------------------------------------------------------------------ API
-    def push(self, key: int, grad: np.ndarray, it: int) -> None:
-        rb = self.bucket_of[key]
-        with self._cv:
-            self._failure.check()
-            if it <= self._pushed[key]:
-                raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
-            if rb.filled and rb.filling_it != it:
-                raise ValueError(f"key {key}: pushed for iteration {it} while its bucket still misses "
-                                 f"gradients of iteration {rb.filling_it}")
-            self._pushed[key] = it
-            rb.filling_it = it
-            while rb.done_it != rb.launched_it:  # our buffers still serve the previous launch
-                self._cv.wait(1.0)
-                self._failure.check()
-        np.copyto(rb.inp[rb.spec.span(key)], grad.reshape(-1))
-        with self._cv:
-            if not rb.add():
-                return
-            rb.launched_it, rb.finished = it, 0
-            # a leader's chunks whose members are all in already (all of them, without members)
-            ready = [(c, parts) for c in range(len(rb.chunks)) if (parts := self._take(rb, it, c)) is not None]
-        self._launch(rb, it, ready)
+    # ------------------------------------------------------------------ BucketCollective hooks
+    def _ready_at_launch(self, rb: HierBucket, it: int) -> list[tuple[int, list]]:
+        """A leader's chunks whose members are all in already (all of them, without members)."""
+        return [(c, parts) for c in range(len(rb.chunks)) if (parts := self._take(rb, it, c)) is not None]
 
-    def wait(self, key: int, it: int) -> np.ndarray:
-        """A view of the bucket's result buffer: it holds the average until `key` is pushed again."""
-        rb = self.bucket_of[key]
-        with self._cv:
-            if self._pushed[key] < it:
-                raise ValueError(f"wait({key}, {it}) before that gradient was pushed")
-            while rb.done_it < it:
-                self._failure.check()
-                self._cv.wait(1.0)
-        return rb.out[rb.spec.span(key)]
-
-    def close(self) -> None:
-        """Finish what was launched, then BYE on every connection and wait for every peer's
-        BYE, so no byte in flight is cut off. Closing with work unfinished is a failure (ABORT)."""
-        with self._cv:
-            if self._failure.closing:
-                return
-            self._cv.wait_for(lambda: self._failure.failed or all(
-                rb.done_it == rb.launched_it for rb in self.buckets), self.ctx.connect_timeout_s)
-            complete = not self._failure.failed and all(
-                rb.filled == 0 and rb.done_it == self.buckets[0].done_it for rb in self.buckets)
-            self._failure.closing = True
-        if not self._connected:  # one worker, or start() failed (and told the peers)
-            return
-        if not complete:
-            if not self._failure.failed:
-                self._abort(f"{self._peer(self.rank)} closed with iterations unfinished")
-            return
+    def _bye(self) -> int:
+        """Every outbox sends its BYE; the previous leader hears ours on the connection it
+        sends on. Wait for each member, both ring neighbours and our leader."""
         for ob in self._outboxes:
             ob.close()
         if self.left is not None:
@@ -289,11 +233,10 @@ class Hierarchical(Scheduler):
                 self.left.send(Kind.BYE, sender=self.rank)
             except CommError:
                 pass
-        peers = len(self.members) + (2 if self.right is not None else 0) + (1 if self.up is not None else 0)
-        with self._cv:
-            self._cv.wait_for(lambda: self._ended >= peers, self.ctx.connect_timeout_s)
-        for conn in self._conns:
-            conn.close()
+        return len(self.members) + (2 if self.right is not None else 0) + (1 if self.up is not None else 0)
+
+    def _connections(self) -> list[Connection]:
+        return self._conns
 
     # ------------------------------------------------------------------ data path
     def _take(self, rb: HierBucket, it: int, c: int) -> list | None:
@@ -384,16 +327,6 @@ class Hierarchical(Scheduler):
             ob.put((it, b, c), Kind.RESULT, b, c, it, rb.out[ch.lo:ch.hi])
         self._finished(rb, it, 1)
 
-    def _finished(self, rb: HierBucket, it: int, count: int) -> None:
-        with self._cv:
-            rb.finished += count
-            if rb.finished < len(rb.chunks):
-                return
-            rb.done_it = it
-            self._cv.notify_all()
-        for key in rb.spec.keys:
-            self.event("recv", key, 0, it)
-
     # ------------------------------------------------------------------ receiving
     def _serve(self, conn: Connection, handle: Callable) -> None:
         """Frames from one peer until its BYE or ABORT; anything else that goes wrong fails the job."""
@@ -458,38 +391,6 @@ class Hierarchical(Scheduler):
         if rb.launched_it != h.it:
             raise CommError(f"{conn.peer} sent the average of bucket {h.key} for iteration {h.it} "
                             f"before we pushed it")
-
-    def _target(self, conn: Connection, h) -> tuple[HierBucket, Chunk]:
-        if h.key >= len(self.buckets) or h.chunk >= len(self.buckets[h.key].chunks):
-            raise CommError(f"{conn.peer} sent chunk {h.key}/{h.chunk}, which does not exist")
-        rb = self.buckets[h.key]
-        ch = rb.chunks[h.chunk]
-        if h.nbytes != (ch.hi - ch.lo) * 4:
-            raise CommError(f"{conn.peer} sent {h.nbytes} bytes for chunk {h.key}/{h.chunk} "
-                            f"of {ch.hi - ch.lo} floats")
-        return rb, ch
-
-    # ------------------------------------------------------------------ ending
-    def _peer_ends(self, conn: Connection, h) -> None:
-        if h.kind == Kind.ABORT:
-            reason = conn.recv_text(h.nbytes) or f"{conn.peer} aborted"
-            self._fail(reason, via=conn.peer)
-            return
-        # A peer says BYE only once all its iterations are complete, which needs every
-        # worker's contribution: nothing we still need can come after it.
-        with self._cv:
-            self._ended += 1
-            self._cv.notify_all()
-
-    def _fail(self, reason: str, via: str | None = None) -> None:
-        """The first failure wins: remember it, wake waiters, tell every peer (who pass the
-        reason on unchanged, so it names the peer that failed first)."""
-        if self._failure.fail(reason if via is None else f"{reason} (relayed by {via})"):
-            self._abort(reason)
-            return
-        with self._cv:
-            self._ended += 1  # a peer went away while we close: stop waiting for it
-            self._cv.notify_all()
 
     def _abort(self, reason: str) -> None:
         abort_all(self._outboxes, reason)

@@ -36,9 +36,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from schedulers.base import CommError, RoleContext, Scheduler, TensorSpec
-from schedulers.buckets import BucketParams, BucketState, plan_buckets
-from schedulers.failure import Failure
+from schedulers.base import CommError, RoleContext, TensorSpec
+from schedulers.buckets import BucketCollective, BucketParams, BucketState, plan_buckets
 from schedulers.forest_plan import LinkModel
 from schedulers.transport import (  # noqa: F401 - MIN_CHUNK_NUMEL: part of the ring chunking rule
     MIN_CHUNK_NUMEL,
@@ -116,29 +115,18 @@ def ring_chunks(numel: int, n: int, chunk_numel: int) -> list[Chunk]:
     return out
 
 
-class Ring(Scheduler):
+class Ring(BucketCollective):
     name = "ring"
     Params = RingParams
 
     def __init__(self, ctx: RoleContext, params: RingParams):
         super().__init__(ctx, params)
-        self.n, self.rank = ctx.num_workers, ctx.rank
         # Segments and stages are counted in ring positions; peers are named by rank.
         self.order = ring_order(ctx.topology, [w.host for w in ctx.workers], params.order)
         self.pos = self.order.index(self.rank)
         self.right_rank = self.order[(self.pos + 1) % self.n]
         self.left_rank = self.order[(self.pos - 1) % self.n]
-        self._failure = Failure(f"worker {self.rank}")
-        self._cv = self._failure.cv
-        self._pushed: dict[int, int] = {}
         self._threads: list[threading.Thread] = []
-        self._ended = 0  # neighbours that said BYE (or vanished while we close)
-        self._connected = False
-        self.buckets: list[RingBucket] = []
-
-    def _peer(self, rank: int) -> str:
-        ep = self.ctx.workers[rank]
-        return f"worker {rank} ({ep.host} {ep.ip}:{ep.port})"
 
     # ------------------------------------------------------------------ setup
     def start(self, tensors: list[TensorSpec]) -> None:
@@ -198,65 +186,21 @@ class Ring(Scheduler):
         return {"bucket_numel": [rb.spec.numel for rb in self.buckets],
                 "chunks_per_bucket": [len(rb.chunks) for rb in self.buckets]}
 
-    # ------------------------------------------------------------------ API
-    def push(self, key: int, grad: np.ndarray, it: int) -> None:
-        rb = self.bucket_of[key]
-        with self._cv:
-            self._failure.check()
-            if it <= self._pushed[key]:
-                raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
-            if rb.filled and rb.filling_it != it:
-                raise ValueError(f"key {key}: pushed for iteration {it} while its bucket still misses "
-                                 f"gradients of iteration {rb.filling_it}")
-            self._pushed[key] = it
-            rb.filling_it = it
-            while rb.done_it != rb.launched_it:  # our buffers still serve the previous launch
-                self._cv.wait(1.0)
-                self._failure.check()
-        np.copyto(rb.inp[rb.spec.span(key)], grad.reshape(-1))
-        with self._cv:
-            if not rb.add():
-                return
-            rb.launched_it, rb.finished = it, 0
-            early = rb.early.pop(it, [])
-        self._launch(rb, it, early)
+    # ------------------------------------------------------------------ BucketCollective hooks
+    def _ready_at_launch(self, rb: RingBucket, it: int) -> list[tuple[int, np.ndarray]]:
+        return rb.early.pop(it, [])   # partial sums of `it` that came before our launch
 
-    def wait(self, key: int, it: int) -> np.ndarray:
-        rb = self.bucket_of[key]
-        with self._cv:
-            if self._pushed[key] < it:
-                raise ValueError(f"wait({key}, {it}) before that gradient was pushed")
-            while rb.done_it < it:
-                self._failure.check()
-                self._cv.wait(1.0)
-        return rb.out[rb.spec.span(key)]
-
-    def close(self) -> None:
-        """Finish what was launched, then BYE both ways and wait for both neighbours' BYE, so
-        no byte in flight is cut off. Closing with work unfinished is a failure (ABORT)."""
-        with self._cv:
-            if self._failure.closing:
-                return
-            self._cv.wait_for(lambda: self._failure.failed or all(
-                rb.done_it == rb.launched_it for rb in self.buckets), self.ctx.connect_timeout_s)
-            complete = not self._failure.failed and all(
-                rb.filled == 0 and rb.done_it == self.buckets[0].done_it for rb in self.buckets)
-            self._failure.closing = True
-        if not self._connected:  # one worker, or start() failed (and told the neighbours)
-            return
-        if not complete:
-            if not self._failure.failed:
-                self._abort(f"{self._peer(self.rank)} closed with iterations unfinished")
-            return
+    def _bye(self) -> int:
+        """BYE both ways: the outbox's to the right, ours on the left connection."""
         self.outbox.close()
         try:
             self.left.send(Kind.BYE, sender=self.rank)
         except CommError:
             pass
-        with self._cv:
-            self._cv.wait_for(lambda: self._ended >= 2, self.ctx.connect_timeout_s)
-        self.right.close()
-        self.left.close()
+        return 2
+
+    def _connections(self) -> list[Connection]:
+        return [self.right, self.left]
 
     # ------------------------------------------------------------------ data path
     def _launch(self, rb: RingBucket, it: int, early: list[tuple[int, np.ndarray]]) -> None:
@@ -300,16 +244,6 @@ class Ring(Scheduler):
             self.outbox.put((it, b, -stage, c), Kind.RESULT, b, c, it, rb.out[ch.lo:ch.hi])
         self._finished(rb, it, 1)
 
-    def _finished(self, rb: RingBucket, it: int, count: int) -> None:
-        with self._cv:
-            rb.finished += count
-            if rb.finished < len(rb.chunks):
-                return
-            rb.done_it = it
-            self._cv.notify_all()
-        for key in rb.spec.keys:
-            self.event("recv", key, 0, it)
-
     def _receive(self) -> None:
         """Frames from the left neighbour: partial sums (PUSH) and averages (RESULT)."""
         conn = self.left
@@ -349,38 +283,6 @@ class Ring(Scheduler):
             self._peer_ends(conn, h)
         except BaseException as e:  # noqa: BLE001
             self._fail(str(e))
-
-    def _target(self, conn: Connection, h) -> tuple[RingBucket, Chunk]:
-        if h.key >= len(self.buckets) or h.chunk >= len(self.buckets[h.key].chunks):
-            raise CommError(f"{conn.peer} sent chunk {h.key}/{h.chunk}, which does not exist")
-        rb = self.buckets[h.key]
-        ch = rb.chunks[h.chunk]
-        if h.nbytes != (ch.hi - ch.lo) * 4:
-            raise CommError(f"{conn.peer} sent {h.nbytes} bytes for chunk {h.key}/{h.chunk} "
-                            f"of {ch.hi - ch.lo} floats")
-        return rb, ch
-
-    # ------------------------------------------------------------------ ending
-    def _peer_ends(self, conn: Connection, h) -> None:
-        if h.kind == Kind.ABORT:
-            reason = conn.recv_text(h.nbytes) or f"{conn.peer} aborted"
-            self._fail(reason, via=conn.peer)
-            return
-        # A neighbour says BYE only once all its iterations are complete, which needs every
-        # worker's contribution: nothing we still need can come after it.
-        with self._cv:
-            self._ended += 1
-            self._cv.notify_all()
-
-    def _fail(self, reason: str, via: str | None = None) -> None:
-        """The first failure wins: remember it, wake waiters, tell both neighbours (who pass
-        the reason on unchanged, so it names the peer that failed first)."""
-        if self._failure.fail(reason if via is None else f"{reason} (relayed by {via})"):
-            self._abort(reason)
-            return
-        with self._cv:
-            self._ended += 1  # a neighbour went away while we close: stop waiting for it
-            self._cv.notify_all()
 
     def _abort(self, reason: str) -> None:
         self.outbox.abort(reason)
