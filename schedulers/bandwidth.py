@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from schedulers.forest_plan import LinkModel
+from schedulers.forest_plan import LinkModel, star_graph
 
 Pair = tuple[int, int]
 
@@ -50,12 +50,8 @@ def structure(topology: dict[str, Any] | None, hosts: list[str]) -> tuple[dict[s
         model = LinkModel.from_graph(topology, hosts)
         if n < 2 or model.pair_load.any():
             return topology, list(hosts), model
-    nodes = [f"worker{i}" for i in range(n)]
-    star = {"directed": True, "multigraph": False, "graph": {},
-            "nodes": [{"id": "switch", "kind": "switch"}] + [{"id": h, "kind": "host"} for h in nodes],
-            "links": [{"source": h, "target": "switch", "capacity": 1.0} for h in nodes]
-            + [{"source": "switch", "target": h, "capacity": 1.0} for h in nodes]}
-    return star, nodes, LinkModel.from_graph(star, nodes)
+    star, nodes = star_graph(n)
+    return star, nodes, LinkModel.uniform_star(n)
 
 
 def estimate(model: LinkModel, rounds: list[dict[Pair, float]]) -> np.ndarray:

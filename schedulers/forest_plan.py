@@ -147,12 +147,8 @@ class LinkModel:
     @classmethod
     def uniform_star(cls, n: int) -> LinkModel:
         """No topology given: n workers, each on its own unit-capacity link to one switch."""
-        hosts = [f"worker{i}" for i in range(n)]
-        nodes = [{"id": "switch", "kind": "switch"}] + [{"id": h, "kind": "host"} for h in hosts]
-        links = [{"source": h, "target": "switch", "capacity": 1.0} for h in hosts]
-        links += [{"source": "switch", "target": h, "capacity": 1.0} for h in hosts]
-        model = cls.from_graph({"nodes": nodes, "links": links}, hosts)
-        return dataclasses.replace(model, assumed=True)
+        graph, hosts = star_graph(n)
+        return dataclasses.replace(cls.from_graph(graph, hosts), assumed=True)
 
     def tree_load(self, edges: tuple[tuple[int, int], ...]) -> np.ndarray:
         if not edges:
@@ -176,6 +172,16 @@ class LinkModel:
             return math.inf
         load = self.hop_load[order, order[1:] + order[:1]].sum(axis=0)
         return self.rate_of(load * 2 * (n - 1) / n)
+
+
+def star_graph(n: int) -> tuple[dict[str, Any], list[str]]:
+    """The star assumed without a capacity graph (node-link data, unit links) and its
+    workers' nodes, worker0..worker{n-1}."""
+    hosts = [f"worker{i}" for i in range(n)]
+    nodes = [{"id": "switch", "kind": "switch"}] + [{"id": h, "kind": "host"} for h in hosts]
+    links = [{"source": h, "target": "switch", "capacity": 1.0} for h in hosts]
+    links += [{"source": "switch", "target": h, "capacity": 1.0} for h in hosts]
+    return {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes, "links": links}, hosts
 
 
 def _bfs_through_switches(src: str, out: dict[str, list[str]], kinds: dict[str, str]) -> dict[str, str]:
