@@ -475,7 +475,7 @@ class Forest(Scheduler):
                     with self._cv:
                         self.replanner.on_message(p, msg)
                     continue
-                if self.replanner is not None:
+                if self.replanner is not None and self.replanner.busy is not None:
                     self.replanner.hold(h.it)   # a peer on the new plan: wait until we have it too
                 self._check_frame(conn, p, h)
                 data = conn.recv_array(h.nbytes)

@@ -27,9 +27,9 @@ leaves a plan that cannot run at its rate, and a reference taken under it would 
 One iteration is not enough: at 15 Mb/s the all-reduce time varies by +-20% between
 iterations, and a single-iteration trigger re-probed three times in 60 iterations on noise
 alone, at 5.7 s a probe. The default threshold, 0.25, keeps apart what these runs showed as
-noise (two iterations 1.17x and 1.18x) from the changes they were built for (3.4x after a
-tenant's arrival). A change that does not move the all-reduce time (a link no tree is
-limited by got faster) goes unnoticed.
+noise (two iterations at 1.17x, after which the re-probe found the same rates) from the
+changes they were built for (3.4x after a tenant's arrival). A change that does not move
+the all-reduce time (a link no tree is limited by got faster) goes unnoticed.
 """
 from __future__ import annotations
 
@@ -162,7 +162,9 @@ class Replanner:
     # ------------------------------------------------------------------ the probe and the plan
     def hold(self, it: int) -> None:
         """From a receive thread: a gradient of iteration `it` waits while that iteration's plan
-        is being made here (a peer that already has it may send first; TCP holds the rest)."""
+        is being made here (a peer that already has it may send first; TCP holds the rest).
+        Called only while `busy` is set: it is set before our READY, and no frame of the new
+        plan can come before every READY, so reading it unlocked first is enough."""
         with self.f._cv:
             while self.busy is not None and it >= self.busy:
                 self.f._failure.check()
