@@ -82,6 +82,21 @@ def run_threads(fn, n, join_s=60.0):
     return out, time.monotonic() - t0
 
 
+def assert_averages(out, grads, identical=False):
+    """out[rank] = (per iteration, per key, what wait() returned, ...): no worker failed, and
+    every one got the reference average (identical: the same bytes as worker 0's)."""
+    errors = [e for e in out.values() if isinstance(e, BaseException)]
+    assert not errors, errors
+    n = len(out)
+    for it, per_rank in enumerate(grads):
+        for k in range(len(per_rank[0])):
+            ref = np.mean([per_rank[r][k].astype(np.float64) for r in range(n)], axis=0)
+            for r in range(n):
+                np.testing.assert_allclose(out[r][0][it][k], ref, rtol=1e-5, atol=1e-6)
+                if identical:   # every worker gets the root's bytes: replicas stay bit-identical
+                    assert np.array_equal(out[r][0][it][k], out[0][0][it][k])
+
+
 def allreduce_job(hosts, topology, sizes, iterations, params, seed=0):
     """The data path on the plan of the configured rates (measured bandwidth:
     tests/test_forest_replan.py)."""
@@ -105,15 +120,7 @@ def allreduce_job(hosts, topology, sizes, iterations, params, seed=0):
         return got, sched.plan
 
     out, _ = run_threads(work, n)
-    errors = [e for e in out.values() if isinstance(e, BaseException)]
-    assert not errors, errors
-    for it in range(iterations):
-        for k in range(len(sizes)):
-            ref = np.mean([grads[it][r][k].astype(np.float64) for r in range(n)], axis=0)
-            for r in range(n):
-                np.testing.assert_allclose(out[r][0][it][k], ref, rtol=1e-5, atol=1e-6)
-                # every worker gets the root's bytes: replicas stay bit-identical
-                assert np.array_equal(out[r][0][it][k], out[0][0][it][k])
+    assert_averages(out, grads, identical=True)
     plans = [out[r][1] for r in range(n)]
     assert all(p == plans[0] for p in plans)
     return plans[0]

@@ -14,7 +14,7 @@ from schedulers.bandwidth import estimate, probe_rounds, skeleton, structure, wi
 from schedulers.base import CommError, TensorSpec
 from schedulers.forest import Forest
 from schedulers.forest_plan import LinkModel, plan_forest
-from tests.test_forest import ctx, endpoints, run_threads, star
+from tests.test_forest import assert_averages, ctx, endpoints, run_threads, star
 
 MBPS = 1e6
 
@@ -82,13 +82,7 @@ def _job(n, iterations, delay_at=None, params=None):
         return got, sched.info()
 
     out, _ = run_threads(work, n, join_s=90)
-    errors = [e for e in out.values() if isinstance(e, BaseException)]
-    assert not errors, errors
-    for it in range(iterations):
-        for k in range(len(sizes)):
-            ref = np.mean([grads[it][r][k].astype(np.float64) for r in range(n)], axis=0)
-            for r in range(n):
-                np.testing.assert_allclose(out[r][0][it][k], ref, rtol=1e-5, atol=1e-6)
+    assert_averages(out, grads)
     return [out[r][1] for r in range(n)]
 
 

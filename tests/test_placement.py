@@ -21,6 +21,7 @@ from emu.topology import capacity_graph
 from emu.topospec import GraphTopology, LinkSpec, NetSpec, RacksTopology, StarTopology
 from tasks import _sections
 from tests.conftest import REPO, invoke
+from tests.test_config import write
 
 
 def star(*rates, names=None) -> NetSpec:
@@ -171,12 +172,6 @@ GOOD = {
     "workload": {"model": "cnn", "preset": "tiny", "iterations": 3},
     "scheduler": "fifo",
 }
-
-
-def write(tmp_path, cfg, name="c.yaml"):
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(cfg))
-    return p
 
 
 def variant(key, value, base=GOOD):
