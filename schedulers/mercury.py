@@ -21,9 +21,14 @@ gradient mostly waits behind the kernel's bounded send queue (~10 ms of the link
 transport.py). 16 KiB is the smallest packet that leaves the server CPU for links up to
 1 Gb/s; set it lower for slower links if the preemption granularity matters.
 
-A modelled start-up cost (`startup_us`, `schedulers/ps.py`) is paid by every packet, since
-each is a frame of its own: the harshest reading of a per-message cost for Mercury, whose
-paper puts the start-up slot before each tensor partition, not each transport packet.
+A modelled start-up cost (`startup_us`, `schedulers/ps.py`) is paid once per tensor per
+iteration on each server connection that carries any of its packets, when the tensor's
+first packet on that connection is written; its other packets pay nothing. The paper puts
+the start-up slot before each communication request (ByteScheduler's every partition), and
+Mercury makes no request per packet: its packets are transport-level segments of one
+stream per tensor, so a tensor is one message per connection however finely it is cut
+and however often it is preempted. (Before issue 12 part 3 every packet paid, the
+harshest reading, which charged Mercury for partitioning it does not do.)
 """
 from __future__ import annotations
 
@@ -53,3 +58,13 @@ class Mercury(PushScheduler):
             out[t.key] = [(dealt + c) % num_servers for c in range(len(sizes[t.key]))]
             dealt += len(sizes[t.key])
         return out
+
+    def starts_message(self, servers: list[int]) -> list[bool]:
+        """A tensor's first packet on each server starts its message there; the rest are
+        segments of the same stream."""
+        seen: set[int] = set()
+        starts = []
+        for s in servers:
+            starts.append(s not in seen)
+            seen.add(s)
+        return starts

@@ -6,7 +6,9 @@ link busy. Priority acts at both ends: each worker's per-server outbox always se
 best (iteration, layer priority, slice) next, and the server queues received slices by the
 same order and sums them best first (server mode QUEUED). The server answers each push with
 the slice's average once every worker's copy is in: there is no pull request. A modelled
-start-up cost (`startup_us`, `schedulers/ps.py`) is paid by every slice pushed.
+start-up cost (`startup_us`, `schedulers/ps.py`) is paid by every slice pushed: each slice
+is a request of its own (P3 pushes every slice as a separate key-value message), and the
+answer needs no request.
 """
 from __future__ import annotations
 

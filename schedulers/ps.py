@@ -18,12 +18,16 @@ and `wait` raises it). Two protocols build on it:
 
 Every member's params derive from `PSParams`, whose `startup_us` models a per-message
 start-up cost (the Mercury paper's "startup time slot inserted before every tensor
-partition"): the send thread of each server connection waits that long after picking a
-PUSH or PULL frame and before writing it (`StartupCost`). Nothing else goes out on that
-connection meanwhile, so the cost serialises per connection as a real per-message cost
-does; connections to different servers pay theirs in parallel. It is a sleep, not a busy
-loop, so it costs no CPU that training could use. The servers' ACKs and RESULTs pay
-nothing. Default 0: only what this transport and Python really cost per message.
+partition"). A message is one communication request of the scheduler: each PUSH and each
+PULL of `PSScheduler` (a whole tensor for fifo, a partition for bytescheduler), and for a
+`PushScheduler` whatever its `starts_message` hook says (each slice for p3; for mercury
+only a tensor's first packet on each server connection, its other packets being segments
+of the same stream). The send thread of each server connection waits that long after
+picking a frame that starts a message and before writing it (`StartupCost`). Nothing else
+goes out on that connection meanwhile, so the cost serialises per connection as a real
+per-message cost does; connections to different servers pay theirs in parallel. It is a
+sleep, not a busy loop, so it costs no CPU that training could use. The servers' ACKs and
+RESULTs pay nothing. Default 0: only what this transport and Python really cost per message.
 """
 from __future__ import annotations
 
@@ -144,12 +148,17 @@ class PSBase(Scheduler):
             th.start()
 
     def _sending(self, s: int, kind: Kind, key: int, chunk: int, it: int) -> None:
-        """Server s's send thread is about to write a frame: pay the start-up cost of a PUSH
-        or PULL, then trace a PUSH (its first byte goes to the socket now)."""
-        if kind in (Kind.PUSH, Kind.PULL) and self.startup[s].seconds:
+        """Server s's send thread is about to write a frame: pay the start-up cost if the
+        frame starts a message, then trace a PUSH (its first byte goes to the socket now)."""
+        if kind in (Kind.PUSH, Kind.PULL) and self.startup[s].seconds and self._starts_message(key, chunk):
             self.startup[s].pay()
         if kind == Kind.PUSH:
             self.event("send", key, chunk, it)
+
+    def _starts_message(self, key: int, chunk: int) -> bool:
+        """Whether the PUSH or PULL frame of (key, chunk) starts a message, one that pays the
+        start-up cost. Here every one does: each is a request of its own."""
+        return True
 
     def info(self) -> dict:
         """With a start-up cost: the cost, the messages that paid it and the time waited."""
@@ -373,6 +382,7 @@ class KeyState:
     step: int                 # elements per slice (the last one may be shorter)
     sizes: list[int]
     servers: list[int]        # server of each slice
+    starts: list[bool]        # whether each slice's push starts a message (pays the start-up cost)
     it: int = -1
     missing: int = 0
     got: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
@@ -387,6 +397,11 @@ class PushScheduler(PSBase):
     slice_numel()           elements per slice, the unit of one push and one result. No
                             default.
     layout(tensors, sizes)  key -> the server of each of its slices. No default.
+    starts_message(servers) given the server of each of a tensor's slices, whether each
+                            slice's push starts a message, paying the modelled start-up cost
+                            (`startup_us`). Default: every slice (each is a request of its
+                            own, as P3's). Pushes go out in slice order per server, so a
+                            slice that starts a message is written before the ones it covers.
     """
 
     @abc.abstractmethod
@@ -395,14 +410,21 @@ class PushScheduler(PSBase):
     @abc.abstractmethod
     def layout(self, tensors: list[TensorSpec], sizes: dict[int, list[int]]) -> dict[int, list[int]]: ...
 
+    def starts_message(self, servers: list[int]) -> list[bool]:
+        return [True] * len(servers)
+
     def start(self, tensors: list[TensorSpec]) -> None:
         self.out = {t.key: np.empty(t.numel, dtype=np.float32) for t in tensors}
         step = self.slice_numel()
         sizes = {t.key: chunk_sizes(t.numel, step) for t in tensors}
         servers = self.layout(tensors, sizes)
         self._keys = {t.key: KeyState(t.priority, step, sizes[t.key], servers[t.key],
+                                      self.starts_message(servers[t.key]),
                                       got=np.zeros(len(sizes[t.key]), bool)) for t in tensors}
         self._connect()
+
+    def _starts_message(self, key: int, chunk: int) -> bool:
+        return self._keys[key].starts[chunk]
 
     def push(self, key: int, grad: np.ndarray, it: int) -> None:
         st = self._keys[key]

@@ -3,8 +3,10 @@
 - A PULL-mode server (fifo, bytescheduler) answers in the order the requests arrived, not
   by key; the p3 and mercury servers keep their priority order.
 - A fifo worker sends its PUSH and PULL frames first come, first sent.
-- `startup_us` makes every PUSH and PULL wait that long on its connection's send thread:
-  counted per message, at least n x startup_us in all, and the averages stay exact.
+- `startup_us` makes every message wait that long on its connection's send thread:
+  counted per message, at least n x startup_us in all, and the averages stay exact. A
+  message is each PUSH and PULL for fifo and bytescheduler, each slice for p3, and for
+  mercury one per tensor per iteration per server connection that carries its packets.
 
 To see what a send thread picks, a `Gate` holds it before each pick until the test lets it
 go: whatever is queued meanwhile competes for the next pick by the outbox's order alone.
@@ -178,18 +180,19 @@ def test_fifo_worker_sends_first_come_first_sent():
 
 
 # ---------------------------------------------------------------- start-up cost
-STARTUP = {  # params, and the PUSH + PULL messages per iteration of tensors of 1000 and 3000
-    "fifo": ({}, 2 * 2),
-    "bytescheduler": ({"partition_numel": 1000, "credit_numel": 2000}, 2 * (1 + 3)),
-    "p3": ({"slice_numel": 1000}, 1 + 3),
-    "mercury": ({"packet_bytes": 4000}, 1 + 3),
+STARTUP = {  # params, and the messages per iteration of tensors of 1000 and 3000, one server
+    "fifo": ({}, 2 * 2),                                                      # PUSH + PULL per tensor
+    "bytescheduler": ({"partition_numel": 1000, "credit_numel": 2000}, 2 * (1 + 3)),  # per partition
+    "p3": ({"slice_numel": 1000}, 1 + 3),                                     # per slice
+    "mercury": ({"packet_bytes": 4000}, 2),  # 1 + 3 packets, but one message per tensor
 }
 
 
 @pytest.mark.parametrize("name", PS_FAMILY)
 def test_startup_cost_is_paid_by_every_message(name):
     """startup_us = 20 ms: each worker's one connection pays it for each of its K messages,
-    one after another, so the job takes at least K x 20 ms; the averages stay exact."""
+    one after another, so the job takes at least K x 20 ms; the averages stay exact.
+    Mercury's 4 packets are 2 messages: one per tensor."""
     params, per_it = STARTUP[name]
     startup_us, workers, iters = 20_000, 2, 2
     tensors = [TensorSpec(0, "a", 1000, 0), TensorSpec(1, "b", 3000, 1)]
@@ -216,6 +219,67 @@ def test_startup_cost_is_paid_by_every_message(name):
         assert info["startup_us"] == startup_us and info["startup_messages"] == k, info
         assert info["startup_waited_s"] >= k * startup_us / 1e6 - 1e-9, info
         assert elapsed >= k * startup_us / 1e6, (elapsed, k)
+        for it in range(iters):
+            for t in tensors:
+                assert np.array_equal(got[it][t.key], np.full(t.numel, 0.5 + it, np.float32))
+
+
+def log_payments_and_frames(sched, s: int) -> list:
+    """What server s's send thread does from now on, in order: "pay" for each start-up cost
+    paid, (kind, key, chunk) for each frame written."""
+    log: list = []
+    send, pay = sched.outboxes[s].conn.send, sched.startup[s].pay
+
+    def sending(kind, key=0, chunk=0, *args, **kw):
+        log.append((kind, key, chunk))
+        send(kind, key, chunk, *args, **kw)
+
+    def paying():
+        log.append("pay")
+        pay()
+
+    sched.outboxes[s].conn.send, sched.startup[s].pay = sending, paying
+    return log
+
+
+def test_mercury_pays_once_per_tensor_per_server():
+    """Two servers, tensors of 1, 3 and 5 packets, dealt round-robin: a -> [0], b -> [1, 0, 1],
+    c -> [0, 1, 0, 1, 0]. Each tensor pays once per iteration on each server that carries
+    any of its packets (a: 1, b: 2, c: 2), right before its first packet there is written;
+    its other packets pay nothing. The averages stay exact."""
+    startup_us, workers, iters, packet = 5_000, 2, 2, 1000
+    tensors = [TensorSpec(0, "a", packet, 0), TensorSpec(1, "b", 3 * packet, 1), TensorSpec(2, "c", 5 * packet, 2)]
+    servers = Servers(2, workers)
+
+    def body(rank):
+        sched = create("mercury", rank, workers, servers.endpoints,
+                       {"packet_bytes": 4 * packet, "startup_us": startup_us})
+        sched.start(tensors)
+        assert [sched._keys[t.key].servers for t in tensors] == [[0], [1, 0, 1], [0, 1, 0, 1, 0]]
+        logs = [log_payments_and_frames(sched, s) for s in range(len(sched.outboxes))]
+        got = []
+        for it in range(iters):
+            for t in reversed(tensors):
+                sched.push(t.key, np.full(t.numel, rank + it, np.float32), it)
+            got.append([sched.wait(t.key, it).copy() for t in tensors])
+        sched.close()
+        return got, sched.info(), [c.messages for c in sched.startup], logs, sched._keys
+
+    results, errors = run_workers(workers, body)
+    assert not errors, errors
+    servers.join()
+    assert not servers.errors, servers.errors
+    for got, info, per_server, logs, keys in results.values():
+        assert per_server == [3 * iters, 2 * iters], per_server  # server 0: a, b, c; server 1: b, c
+        assert info["startup_messages"] == (1 + 2 + 2) * iters, info
+        assert info["startup_waited_s"] >= (1 + 2 + 2) * iters * startup_us / 1e6 - 1e-9, info
+        for s, log in enumerate(logs):
+            pushes = [(i, e) for i, e in enumerate(log) if e != "pay" and e[0] == Kind.PUSH]
+            assert len(pushes) == iters * sum(keys[t.key].servers.count(s) for t in tensors)
+            for i, (_, key, chunk) in pushes:
+                first = chunk == keys[key].servers.index(s)
+                assert (i > 0 and log[i - 1] == "pay") == first, (s, log)
+            assert log.count("pay") == per_server[s]
         for it in range(iters):
             for t in tensors:
                 assert np.array_equal(got[it][t.key], np.full(t.numel, 0.5 + it, np.float32))
