@@ -38,6 +38,15 @@ cross the maximum flow between the sides, in each direction (relaying through an
 All 2^H - 2 splits of the H worker hosts up to 12 hosts, single hosts beyond. It holds for every scheme that
 moves each side's contribution uncompressed, parameter servers included.
 
+Payload, not line rate: every scheduler here (gloo included) moves its bytes over TCP/IPv4 on
+Ethernet with the emulated links' MTU of 1500, and the links are shaped on the frames they
+carry. A full frame carries MSS = 1448 bytes of payload (1500 - 20 IP - 20 TCP - 12 TCP
+timestamp option, on by default) in 1514 bytes that htb counts (the 14-byte Ethernet header
+included), so no transport over these links delivers more than PAYLOAD_FRACTION = 1448/1514 =
+0.9564 of a link's rate; iperf3 measures 0.956 through htb (README: Testbed figures,
+`bench/bench_schedulers.py transport`). Every bound is computed on that payload capacity;
+`bound_line_rate_s` and `efficiency_line_rate` keep the model's bound at the raw line rate.
+
 Capacity: `analysis/capacity.py`. A run whose bandwidth was neither shaped nor shared uses
 the configured capacity graph; otherwise every bound is computed on the capacity available
 to the job, averaged over its measured window (`bound_capacity` says which, and why when a
@@ -84,7 +93,12 @@ MODELS = {
 }
 MAX_LP_HOSTS = 32  # the forest LP's size grows as N^3; beyond this a forest run is judged by the cut bound
 COLUMNS = ["comm_bound_s", "cut_bound_s", "bound_s", "efficiency", "bound_model", "bound_capacity",
-           "efficiency_basis", "bound_configured_s", "cut_efficiency", "ring_rank_order_bound_s"]
+           "efficiency_basis", "bound_configured_s", "cut_efficiency", "ring_rank_order_bound_s",
+           "bound_line_rate_s", "efficiency_line_rate"]
+# TCP payload per byte htb counts: a 1514-byte frame (MTU 1500 + Ethernet header) carries MSS 1448
+# (IPv4, TCP, timestamp option), see the module docstring.
+MTU, ETHERNET_HEADER, IP_TCP_HEADERS = 1500, 14, 20 + 20 + 12
+PAYLOAD_FRACTION = (MTU - IP_TCP_HEADERS) / (MTU + ETHERNET_HEADER)
 _TEXT = {"bound_model", "bound_capacity", "efficiency_basis"}
 
 
@@ -301,16 +315,27 @@ def model_bound_s(model: str, g: nx.DiGraph, workers: list[str], servers: list[s
     return cut_bound_s(g, workers, grad_bytes)
 
 
+def payload_graph(g: nx.DiGraph) -> nx.DiGraph:
+    """g with every capacity scaled to the TCP payload it can carry (PAYLOAD_FRACTION)."""
+    out = g.copy()
+    for _, _, d in out.edges(data=True):
+        d["capacity"] = d["capacity"] * PAYLOAD_FRACTION
+    return out
+
+
 def run_bounds(run, run_dir: Path) -> dict:
     """Every bound column of one completed run (see the module docstring)."""
-    g = _graph(str(run_dir))
+    line_g = _graph(str(run_dir))
     workers, servers = json.loads(run["roles.workers"]), json.loads(run["roles.servers"])
     grad = float(run["num_params"]) * 4
     model = bound_model(run.get("scheduler_name", run["scheduler"]), workers, servers)  # a labelled variant: its own
-    cap = run_capacity(g, run, run_dir)
-    cut = cut_bound_s(cap.graph, workers, grad)
-    comm = cut if model == "cut" else model_bound_s(model, cap.graph, workers, servers, grad)
-    configured = comm if cap.graph is g else model_bound_s(model, g, workers, servers, grad)
+    cap = run_capacity(line_g, run, run_dir)
+    line = cut_bound_s(cap.graph, workers, grad) if model == "cut" else \
+        model_bound_s(model, cap.graph, workers, servers, grad)
+    g, avail = payload_graph(line_g), payload_graph(cap.graph)
+    cut = cut_bound_s(avail, workers, grad)
+    comm = cut if model == "cut" else model_bound_s(model, avail, workers, servers, grad)
+    configured = comm if cap.graph is line_g else model_bound_s(model, g, workers, servers, grad)
     compute = float(run["compute_median_s"])
     mean = cap.varies and pd.notna(run.get("iter_time_mean_s"))
     measured_s = float(run["iter_time_mean_s"] if mean else run["iter_time_median_s"])
@@ -318,7 +343,8 @@ def run_bounds(run, run_dir: Path) -> dict:
     return {"comm_bound_s": comm, "cut_bound_s": cut, "bound_s": bound, "efficiency": bound / measured_s,
             "bound_model": model, "bound_capacity": cap.basis, "efficiency_basis": "mean" if mean else "median",
             "bound_configured_s": max(compute, configured), "cut_efficiency": max(compute, cut) / measured_s,
-            "ring_rank_order_bound_s": ring_bound_s(cap.graph, workers, grad)}
+            "ring_rank_order_bound_s": ring_bound_s(avail, workers, grad),
+            "bound_line_rate_s": max(compute, line), "efficiency_line_rate": max(compute, line) / measured_s}
 
 
 def annotate(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:

@@ -25,7 +25,15 @@ import pytest
 import yaml
 
 from analysis import report
-from analysis.bounds import COLUMNS, annotate, best_ring_bound_s, cut_bound_s, forest_bound_s, forest_rate_bps
+from analysis.bounds import (
+    COLUMNS,
+    PAYLOAD_FRACTION,
+    annotate,
+    best_ring_bound_s,
+    cut_bound_s,
+    forest_bound_s,
+    forest_rate_bps,
+)
 from analysis.capacity import Flow, available_capacity, route, run_capacity
 from analysis.speedup import load_comparison
 from analysis.tables import load_runs
@@ -35,6 +43,11 @@ from tests.test_bounds import MBPS, G, racks_graph, secs, star_graph
 
 MINI = REPO / "tests" / "data" / "results" / "mini"
 T0_WALL = 1000.0  # the monitor's t = 0, as wall-clock time
+
+
+def psecs(mbps: float) -> float:
+    """secs() on the TCP payload the links carry: the bounds annotate computes."""
+    return secs(mbps) / PAYLOAD_FRACTION
 
 
 def samples(g: nx.DiGraph, until: float = 10.0, steps: dict | None = None) -> pd.DataFrame:
@@ -149,7 +162,7 @@ def write_run(sweep: Path, run_id: str, g: nx.DiGraph, workers: list[str], sched
 
 def test_annotate_judges_each_scheduler_by_its_model_and_the_cut(tmp_path):
     g, hosts = star_graph([100] * 4, extra=[("ps", 400)])
-    rows = [write_run(tmp_path, s, g, hosts, s, secs(400 / 6), servers=["ps"] if s == "fifo" else ())
+    rows = [write_run(tmp_path, s, g, hosts, s, psecs(400 / 6), servers=["ps"] if s == "fifo" else ())
             for s in ("forest", "ring", "gloo", "fifo", "hierarchical", "unknown")]
     runs = annotate(pd.DataFrame(rows + [{"run_id": "x", "status": "failed"}]), tmp_path).set_index("run_id")
     assert set(COLUMNS) <= set(runs.columns) and runs.loc["x", COLUMNS[:4]].isna().all()
@@ -157,16 +170,18 @@ def test_annotate_judges_each_scheduler_by_its_model_and_the_cut(tmp_path):
         ["forest", "ring", "ring", "ps", "hierarchical", "cut"]
     forest = runs.loc["forest"]
     assert forest["efficiency"] == pytest.approx(1.0, rel=1e-9)  # at its optimum
+    assert forest["efficiency_line_rate"] == pytest.approx(PAYLOAD_FRACTION, rel=1e-9)
+    assert forest["bound_line_rate_s"] == pytest.approx(secs(400 / 6), rel=1e-9)
     assert forest["cut_efficiency"] == pytest.approx(2 / 3, rel=1e-9)  # what issue 11 saw
     assert forest["bound_capacity"] == "configured" and forest["efficiency_basis"] == "median"
     assert forest["bound_configured_s"] == pytest.approx(forest["bound_s"])
     assert runs.loc["ring", "efficiency"] == pytest.approx(1.0, rel=1e-9)
-    assert runs.loc["ring", "ring_rank_order_bound_s"] == pytest.approx(secs(400 / 6))
+    assert runs.loc["ring", "ring_rank_order_bound_s"] == pytest.approx(psecs(400 / 6))
     # fifo: G each way over every worker's 100 Mb/s link, 4G over the server's 400
-    assert runs.loc["fifo", "comm_bound_s"] == pytest.approx(secs(100))
-    assert runs.loc["unknown", "bound_s"] == pytest.approx(secs(100))
+    assert runs.loc["fifo", "comm_bound_s"] == pytest.approx(psecs(100))
+    assert runs.loc["unknown", "bound_s"] == pytest.approx(psecs(100))
     # one group around h0: its link carries the 3 others' gradients in and the average out 3 times
-    assert runs.loc["hierarchical", "bound_s"] == pytest.approx(secs(100 / 3))
+    assert runs.loc["hierarchical", "bound_s"] == pytest.approx(psecs(100 / 3))
 
 
 def test_annotate_uses_the_bandwidth_the_run_had(tmp_path):
@@ -183,19 +198,19 @@ def test_annotate_uses_the_bandwidth_the_run_had(tmp_path):
                       links=samples(g, 20))]
     runs = annotate(pd.DataFrame(rows), tmp_path).set_index("run_id")
     cross, late, step, old, silent = (runs.loc[r] for r in ("cross", "late", "step", "old", "silent"))
-    assert cross["comm_bound_s"] == pytest.approx(secs(50), rel=1e-9)
-    assert cross["bound_configured_s"] == pytest.approx(secs(400 / 6), rel=1e-9)
-    assert cross["cut_bound_s"] == pytest.approx(secs(50))
+    assert cross["comm_bound_s"] == pytest.approx(psecs(50), rel=1e-9)
+    assert cross["bound_configured_s"] == pytest.approx(psecs(400 / 6), rel=1e-9)
+    assert cross["cut_bound_s"] == pytest.approx(psecs(50))
     assert cross["bound_capacity"] == "available" and cross["efficiency_basis"] == "median"
-    assert cross["efficiency"] == pytest.approx(secs(50) / 0.2, rel=1e-9)
+    assert cross["efficiency"] == pytest.approx(psecs(50) / 0.2, rel=1e-9)
     # window 2.5..3.5 s (5 x 0.2 s from 2.5): the flow that starts at 5 s is outside it
-    assert late["comm_bound_s"] == pytest.approx(secs(400 / 6), rel=1e-9)
-    assert step["comm_bound_s"] == pytest.approx(secs(60), rel=1e-9) and step["efficiency_basis"] == "mean"
-    assert step["efficiency"] == pytest.approx(secs(60) / 1.1, rel=1e-9)  # against the mean iteration
+    assert late["comm_bound_s"] == pytest.approx(psecs(400 / 6), rel=1e-9)
+    assert step["comm_bound_s"] == pytest.approx(psecs(60), rel=1e-9) and step["efficiency_basis"] == "mean"
+    assert step["efficiency"] == pytest.approx(psecs(60) / 1.1, rel=1e-9)  # against the mean iteration
     assert old["bound_capacity"].startswith("configured (no monitor clock")
-    assert old["comm_bound_s"] == pytest.approx(secs(400 / 6), rel=1e-9)
+    assert old["comm_bound_s"] == pytest.approx(psecs(400 / 6), rel=1e-9)
     assert "reported no rate" in silent["bound_capacity"]
-    assert silent["comm_bound_s"] == pytest.approx(secs(400 / 6), rel=1e-9)
+    assert silent["comm_bound_s"] == pytest.approx(psecs(400 / 6), rel=1e-9)
 
 
 def test_run_capacity_of_a_static_run_is_the_configured_graph(tmp_path):
@@ -211,14 +226,16 @@ def test_mini_set_keeps_its_bounds_and_gains_the_new_columns():
     runs = annotate(stored, MINI)
     assert set(runs["bound_model"]) == {"ps"} and set(runs["bound_capacity"]) == {"configured"}
     assert set(runs["efficiency_basis"]) == {"median"}
-    assert np.allclose(runs["efficiency"], stored["efficiency"], rtol=1e-12)  # the PS bound is as it was
+    # the PS bound is as it was at line rate; on the payload it is 1/PAYLOAD_FRACTION longer
+    assert np.allclose(runs["efficiency_line_rate"], stored["efficiency"], rtol=1e-12)
+    assert np.allclose(runs["efficiency"], stored["efficiency"] / PAYLOAD_FRACTION, rtol=1e-12)
     assert np.allclose(runs["bound_s"], runs["bound_configured_s"])
     assert (runs["cut_efficiency"] <= runs["efficiency"] + 1e-12).all()
 
 
 def test_report_says_which_bound_each_scheduler_uses(tmp_path):
     g, hosts = star_graph([100] * 4, extra=[("ps", 400)])
-    rows = [write_run(tmp_path, s, g, hosts, s, secs(400 / 6), servers=["ps"] if s == "fifo" else ())
+    rows = [write_run(tmp_path, s, g, hosts, s, psecs(400 / 6), servers=["ps"] if s == "fifo" else ())
             for s in ("fifo", "ring", "forest")]
     runs = annotate(pd.DataFrame(rows), tmp_path).assign(config="star")
     text = "\n".join(report._bounds(runs))
@@ -226,7 +243,7 @@ def test_report_says_which_bound_each_scheduler_uses(tmp_path):
     assert "- `ring` (`ring`): ring all-reduce in the best order" in text
     assert "- `forest` (`forest`): the optimal forest" in text
     assert "3 run(s) configured" in text
-    assert "| star | forest | forest | configured | 120 | median | 1.00 | 80 | 0.67 | 120 |" in text
+    assert "| star | forest | forest | configured | 125 | median | 1.00 | 84 | 0.67 | 125 | 0.96 |" in text
 
 
 def test_report_of_the_mini_set_has_a_bounds_section():
