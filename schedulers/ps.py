@@ -45,7 +45,7 @@ from pydantic import Field, model_serializer
 
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.failure import Failure
-from schedulers.transport import Connection, Header, Kind, Mode, Outbox, abort_all, connect
+from schedulers.transport import PRIORITY_QUEUE_S, Connection, Header, Kind, Mode, Outbox, abort_all, connect
 
 
 def assign_servers(slots: list[tuple[int, int, int]], num_servers: int) -> dict[tuple[int, int], int]:
@@ -134,6 +134,7 @@ class PSBase(Scheduler):
             for i, ep in enumerate(self.ctx.servers):
                 conn = connect(ep.ip, ep.port, f"server {i} ({ep.host} {ep.ip}:{ep.port})",
                                self.ctx.connect_timeout_s)
+                conn.queue_s = PRIORITY_QUEUE_S
                 self.conns.append(conn)
                 conn.send(Kind.HELLO, key=self.ctx.num_workers, chunk=self.server_mode, sender=self.ctx.rank)
                 on_send = functools.partial(self._sending, i) if hooked else None

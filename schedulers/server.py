@@ -54,7 +54,7 @@ import numpy as np
 
 from contracts.role_spec import RoleSpec
 from schedulers.base import CommError
-from schedulers.transport import Connection, Header, Kind, Mode, Outbox, abort_all, listen
+from schedulers.transport import PRIORITY_QUEUE_S, Connection, Header, Kind, Mode, Outbox, abort_all, listen
 
 MAX_FRAME_BYTES = 1 << 31  # a bigger push is a protocol error, not an allocation
 
@@ -161,6 +161,7 @@ class ParameterServer:
                 raise CommError(f"{missing} worker(s) never connected within {self.accept_timeout_s:.0f} s") from None
             sock.settimeout(self.accept_timeout_s)  # a silent peer must not block the handshake
             conn = Connection(sock, f"worker at {addr[0]}:{addr[1]}")
+            conn.queue_s = PRIORITY_QUEUE_S
             try:
                 h = conn.recv_header()
             except CommError:

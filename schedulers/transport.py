@@ -49,6 +49,11 @@ _U32 = struct.Struct("=I")
 # within [MIN_LOWAT, MAX_LOWAT]; a connection starts at INITIAL_LOWAT (enough for 1 Gb/s, so
 # a fast link is measured at its real rate) and is retuned every RETUNE_S while it sends.
 QUEUE_S = 0.010
+# Schedulers whose point is priority (the parameter-server family) keep a shorter queue: a frame
+# that becomes urgent waits behind at most this much of the link (plus the frame being
+# written and the host's qdisc), and bulk goodput stays at iperf3's (bench/bench_schedulers.py
+# transport, 16 KiB frames at 100 and 1000 Mb/s) with replayed compute.
+PRIORITY_QUEUE_S = 0.002
 MIN_LOWAT, INITIAL_LOWAT, MAX_LOWAT = 16 * 1024, 1024 * 1024, 4 * 1024 * 1024
 RETUNE_S = 0.05
 RATE_DECAY = 0.5 ** (RETUNE_S / 1.0)  # the rate estimate halves per second of lower samples
@@ -113,6 +118,7 @@ class Connection:
         self.peer = peer
         _configure(sock)
         self.adaptive = notsent_lowat == AUTO
+        self.queue_s = QUEUE_S  # the unsent queue's bound in time; the PS family sets PRIORITY_QUEUE_S
         self.lowat = INITIAL_LOWAT if self.adaptive else notsent_lowat
         if self.lowat:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, self.lowat)
@@ -164,7 +170,7 @@ class Connection:
                 self._rate = max(sample, self._rate * RATE_DECAY)
             else:
                 self._rate = max(sample, self._rate)
-            lowat = min(MAX_LOWAT, max(MIN_LOWAT, int(self._rate * QUEUE_S)))
+            lowat = min(MAX_LOWAT, max(MIN_LOWAT, int(self._rate * self.queue_s)))
             if abs(lowat - self.lowat) * 4 > self.lowat:
                 self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, lowat)
                 self.lowat = lowat
