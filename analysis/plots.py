@@ -524,3 +524,79 @@ def _plans(run_dir: Path) -> list[dict]:
     """The forest's plan records of a run (scheduler_info.json), [] without any."""
     info = run_dir / "scheduler_info.json"
     return json.loads(info.read_text()).get("plans", []) if info.exists() else []
+
+
+# --------------------------------------------------------------------------- start-up cost
+_REFERENCE_STYLES = {"fifo": "--", "p3": ":", "mercury": "-."}
+
+
+def _startup_text(us: float) -> str:
+    return "no start-up cost" if not us else f"{us / 1e3:g} ms"
+
+
+def startup_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | None = None,
+                 formats: tuple[str, ...] = ("png",)) -> Path:
+    """bytescheduler's iteration time against its partition size (log x), one line per
+    start-up cost (`startup_us`) with its intervals, and fifo, p3 and mercury at the same
+    cost as horizontal lines of that cost's colour, one line style per scheduler; one panel
+    per configuration (`analysis/startup.py`). Raises Skipped unless the sweep varies both
+    the start-up cost and the partition."""
+    from analysis import startup
+
+    _theme()
+    sweep_dir = Path(sweep_dir)
+    runs, iters = load_comparison(sweep_dir, run_ids)
+    if not startup.varies(runs):
+        raise Skipped("this sweep does not vary both the start-up cost (startup_us) and bytescheduler's "
+                      "partition_numel")
+    table = startup.times(runs, iters)
+    costs = sorted(table["startup_us"].unique())
+    colours = dict(zip(costs, sns.color_palette("plasma", len(costs) + 1)[:len(costs)]))  # no pale yellow
+    configs = list(dict.fromkeys(table["config_id"]))
+    fig, axes = _axes(len(configs), width=6.0, height=4.4, sharey=False)
+    for ax, cid in zip(axes, configs):
+        sub = table[table["config_id"] == cid]
+        bs = sub[sub["scheduler"] == startup.PARTITIONED].sort_values("partition_numel")
+        ticks = sorted(bs["partition_numel"].unique())
+        for cost in costs:
+            d = bs[bs["startup_us"] == cost]
+            if len(d):
+                est, lo, hi = d["iter_time_s"] * 1e3, d["ci_low"] * 1e3, d["ci_high"] * 1e3
+                err = np.vstack([(est - lo).clip(lower=0).fillna(0), (hi - est).clip(lower=0).fillna(0)])
+                ax.errorbar(d["partition_numel"], est, yerr=err, marker="o", ms=5, capsize=4, lw=1.6,
+                            color=colours[cost])
+            for s, ls in _REFERENCE_STYLES.items():
+                ref = sub[(sub["scheduler"] == s) & (sub["startup_us"] == cost)]
+                if len(ref):
+                    ax.axhline(ref["iter_time_s"].iloc[0] * 1e3, color=colours[cost], ls=ls, lw=1.3)
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xticks(ticks, [f"{int(v):,}" for v in ticks], rotation=30, ha="right")
+        top = pd.concat([sub["iter_time_s"], sub["ci_high"]]).max() * 1e3
+        low = pd.concat([sub["iter_time_s"], sub["ci_low"]]).min() * 1e3
+        if low > 0 and top / low >= 4:
+            ax.set_yscale("log")
+            ax.set_ylim(low / 1.25, top * 1.25)
+            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 3, 5)))
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        else:
+            ax.set_ylim(0, top * 1.15)
+        ax.set(xlabel="bytescheduler partition size (parameters)", ylabel="iteration time (ms)",
+               title=sub["config"].iloc[0] if len(configs) > 1 else None)
+    from matplotlib.lines import Line2D
+    present = set(table["scheduler"])
+    cost_handles = [Line2D([], [], color=colours[c], lw=2, label=_startup_text(c)) for c in costs]
+    style_handles = [Line2D([], [], color="0.3", lw=1.6, marker="o", ms=5, label="bytescheduler (per partition)")]
+    style_handles += [Line2D([], [], color="0.3", ls=ls, lw=1.3, label=s) for s, ls in _REFERENCE_STYLES.items()
+                      if s in present]
+    first = axes[-1].legend(handles=cost_handles, title="start-up cost per message", fontsize=8, title_fontsize=8,
+                            loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    axes[-1].add_artist(first)
+    axes[-1].legend(handles=style_handles, title="scheduler", fontsize=8, title_fontsize=8, loc="upper left",
+                    bbox_to_anchor=(1.02, 0.55))
+    how = "; ".join(METHOD[u] for u in sorted(table["unit"].unique()))
+    fig.suptitle(f"{runs['sweep'].iloc[0]}: partitioning against a per-message start-up cost\n{_setting(runs)}\n"
+                 f"{table['confidence'].iloc[0]:.0%} CI: {how}; warm-up excluded", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out or sweep_dir / "startup.png", formats)

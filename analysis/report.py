@@ -16,7 +16,7 @@ import pandas as pd
 
 from analysis import bounds as bounds_mod
 from analysis import claims as claims_mod
-from analysis import fidelity, forest_compare, plots
+from analysis import fidelity, forest_compare, plots, startup
 from analysis.speedup import METHOD, MIN_REPEATS, iteration_times, load_comparison, speedups
 from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
 
@@ -265,6 +265,58 @@ def _replan(sweep_dir: Path, out_dir: Path) -> list[str]:
             f"([PDF]({png.with_suffix('.pdf').name}))", ""]
 
 
+def startup_table(table: pd.DataFrame) -> pd.DataFrame:
+    """`startup.summary`'s numbers as the report shows them, one row per start-up cost (and
+    configuration, where the sweep has several)."""
+    def ms(v) -> str:
+        return f"{v * 1e3:.0f}" if pd.notna(v) else "–"
+
+    rows = []
+    for _, r in table.iterrows():
+        rows.append({"configuration": r["config"], "start-up (ms)": f"{r['startup_us'] / 1e3:g}",
+                     "best bytescheduler partition": f"{int(r['best_partition']):,}"
+                                                     if pd.notna(r["best_partition"]) else "–",
+                     "bytescheduler best (ms)": ms(r["bytescheduler_best_s"]),
+                     "largest partition (ms)": ms(r["bytescheduler_largest_s"]),
+                     "partitioning gain": f"{r['partitioning_gain']:.2f}x" if pd.notna(r["partitioning_gain"]) else "–",
+                     "mercury (ms)": ms(r["mercury_s"]), "fifo (ms)": ms(r["fifo_s"]), "p3 (ms)": ms(r["p3_s"]),
+                     "mercury / bytescheduler best, 95% CI": _ci(r["mercury_over_best"], r["ci_low"], r["ci_high"],
+                                                                 ".2f")})
+    df = pd.DataFrame(rows)
+    if df["configuration"].nunique() == 1:
+        df = df.drop(columns=["configuration"])
+    if (df["p3 (ms)"] == "–").all():
+        df = df.drop(columns=["p3 (ms)"])
+    return df
+
+
+def _startup(runs: pd.DataFrame, iters: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
+    """Partitioning's gain against the start-up cost, where the sweep varies both the cost
+    and bytescheduler's partition (nothing otherwise)."""
+    if not startup.varies(runs):
+        return []
+    table = startup.summary(runs, iters)
+    out = ["## Start-up cost: partitioning against Mercury", "",
+           "The Mercury paper argues that a start-up slot before every tensor partition takes away what "
+           "partitioning gains, while Mercury pays it once per tensor (its packets are segments of one stream). "
+           "Each run's scheduler pays `startup_us` per message (`schedulers/ps.py`): bytescheduler and fifo per "
+           "PUSH and PULL, p3 per slice, mercury once per tensor per iteration per server connection. Per start-up "
+           "cost: bytescheduler's fastest partition and its iteration time, its time at its largest partition "
+           "(the gain = largest / best), the other schedulers' times, and mercury's speed-up over the best "
+           "bytescheduler (its time / mercury's) with a 95% interval (see Setup for the method). The best "
+           "partition is the fastest measured, so its time is biased low where runs are few.", "",
+           md_table(startup_table(table)), ""]
+    try:
+        png = plots.startup_plot(sweep_dir, out=out_dir / "startup.png", formats=("png", "pdf"))
+        out += [f"![Start-up cost]({png.name})", "",
+                "bytescheduler's iteration time against its partition size, one colour per start-up cost, with "
+                "95% intervals; fifo, p3 and mercury at the same cost as horizontal lines of that colour. "
+                f"([PDF]({png.with_suffix('.pdf').name}))", ""]
+    except NoResults as e:
+        out += [f"*Not drawn:* {e}.", ""]
+    return out
+
+
 def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "fifo") -> Path:
     """Write report.md and its figures into `out_dir` (default: <sweep>/report); returns its path."""
     sweep_dir = Path(sweep_dir)
@@ -305,6 +357,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "
         md += [f"![{heading}]({png.name})", "", f"{caption} ([PDF]({png.with_suffix('.pdf').name}))", ""]
     md += _forest(runs, sweep_dir, out_dir)
     md += _replan(sweep_dir, out_dir)
+    md += _startup(runs, iters, sweep_dir, out_dir)
     md += ["## Fidelity", "", *_fidelity(runs_all), ""]
     md += ["## Paper claims beside this sweep", "", *_claims(runs, iters, facts), ""]
     md += ["## Reproduce", "", f"- This report: `./inv report {sweep_dir}`.",

@@ -51,6 +51,7 @@ SLOW = [
     "tests/test_schedulers_loopback.py::test_average_equals_reference[gloo-*]",
     "tests/test_schedulers_loopback.py::test_paper_defaults_huge_tensor",
     "tests/test_schedulers_ps_family.py::test_dead_worker_makes_servers_and_workers_fail_naming_it",
+    "tests/test_startup_analysis.py::test_report_has_the_startup_section",
     "tests/test_trainer.py::test_cnn_distributed_equals_union_batch[forest-*]",
     "tests/test_trainer.py::test_zoo_distributed_equals_union_batch[lstm-forest]",
     "tests/test_tune.py::test_study_finds_the_optimum_of_a_synthetic_function_within_the_budget",
