@@ -100,6 +100,21 @@ def load_events(sweep_dir: Path, run_id: str, role: str = "worker") -> pd.DataFr
     return ev if len(ev) else None
 
 
+def load_tx_frames(sweep_dir: Path, run_id: str, role: str | None = None) -> pd.DataFrame | None:
+    """Per data frame of a traced PS run (schedulers/txstamps.py): role, rank, peer (the
+    server of a worker's PUSH, the worker of a server's RESULT), key, chunk, iteration,
+    priority, bytes, ready_t (put into the outbox), first_byte_t, last_byte_t (left the host;
+    NaN: no stamp came), inversion_s (how long after ready_t bytes of lower priority still
+    stood ahead). Only `role`'s rows if given; None when the run has no such table."""
+    path = Path(sweep_dir) / run_id / "tx_frames.parquet"
+    if not path.exists():
+        return None
+    tx = pd.read_parquet(path)
+    if role is not None:
+        tx = tx[tx["role"] == role].reset_index(drop=True)
+    return tx if len(tx) else None
+
+
 def load_links(sweep_dir: Path, run_id: str) -> pd.DataFrame:
     """Per-link-direction send rate and configured rate of a run (monitor time t, seconds)."""
     path = Path(sweep_dir) / run_id / "links.parquet"

@@ -21,9 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
+from contracts import tx_frames
 from contracts.iterations import measured
 from contracts.role_spec import Address, RoleSpec
 from contracts.role_spec import role_specs as build_role_specs
@@ -223,6 +225,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
         tables["iterations"] = iters
         tables.update(long_tables)
         row.update(summarize(exp, iters, summaries))
+        row.update(tx_summary(tables.get("tx_frames")))
         info = summaries[0].get("scheduler_info") or {}
         if info:
             write_text(run_dir / "scheduler_info.json", json.dumps(info, indent=1))
@@ -334,5 +337,38 @@ def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict],
         events.append(ev.assign(rank=int(path.stem[len("server"):]), role="server"))
     ev_all = pd.concat(events, ignore_index=True)
     ev_all["role"] = ev_all["role"].fillna("worker") if "role" in ev_all else "worker"
-    return (pd.concat(frames, ignore_index=True), summaries,
-            {"events": ev_all, "layers": pd.concat(layers, ignore_index=True)})
+    long_tables = {"events": ev_all, "layers": pd.concat(layers, ignore_index=True)}
+    tx = collect_tx_frames(rec_dir)
+    if tx is not None:
+        long_tables["tx_frames"] = tx
+    return pd.concat(frames, ignore_index=True), summaries, long_tables
+
+
+def collect_tx_frames(rec_dir: Path) -> pd.DataFrame | None:
+    """The roles' `<role><rank>.tx_frames.npz` (traced PS runs, contracts/tx_frames.py) as one
+    table: role, rank, then one row per data frame; None when no role wrote one."""
+    parts = []
+    for path in sorted(Path(rec_dir).glob(f"*{tx_frames.SUFFIX}")):
+        name = path.name[:-len(tx_frames.SUFFIX)]
+        role = "server" if name.startswith("server") else "worker"
+        try:
+            rank = int(name[len(role):])
+            with np.load(path) as z:
+                cols = {k: z[k] for k in tx_frames.COLUMNS}
+        except (OSError, ValueError, KeyError):
+            continue
+        parts.append(pd.DataFrame({"role": role, "rank": rank, **cols}))
+    return pd.concat(parts, ignore_index=True) if parts else None
+
+
+def tx_summary(tx: pd.DataFrame | None) -> dict[str, Any]:
+    """The row's priority-inversion figures (contracts/tx_frames.py) over the workers' data frames
+    (PUSH: inversion_*, data_frames) and the servers' (RESULT: server_inversion_*, ...)."""
+    if tx is None or not len(tx):
+        return {}
+    out: dict[str, Any] = {}
+    for role, prefix in (("worker", ""), ("server", "server_")):
+        part = tx[tx["role"] == role]
+        if len(part):
+            out.update(tx_frames.summary(part["inversion_s"].tolist(), prefix))
+    return out

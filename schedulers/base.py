@@ -90,6 +90,11 @@ class Scheduler(abc.ABC):
         """What the run should keep about this scheduler's decisions (e.g. forest's plan)."""
         return {}
 
+    def tables(self) -> dict[str, dict[str, np.ndarray]]:
+        """Long tables the run should keep, as columns (traced PS runs: `tx_frames`, when
+        each data frame was ready and its bytes left the host; schedulers/txstamps.py)."""
+        return {}
+
     @abc.abstractmethod
     def start(self, tensors: list[TensorSpec]) -> None: ...
 

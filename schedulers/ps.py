@@ -43,9 +43,11 @@ from typing import ClassVar
 import numpy as np
 from pydantic import Field, model_serializer
 
+from contracts.tx_frames import summary
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.failure import Failure
 from schedulers.transport import PRIORITY_QUEUE_S, Connection, Header, Kind, Mode, Outbox, abort_all, connect
+from schedulers.txstamps import TxStamps, merge
 
 
 def assign_servers(slots: list[tuple[int, int, int]], num_servers: int) -> dict[tuple[int, int], int]:
@@ -126,6 +128,7 @@ class PSBase(Scheduler):
         self.outboxes: list[Outbox] = []
         self._threads: list[threading.Thread] = []
         self.startup = [StartupCost(params.startup_us / 1e6) for _ in ctx.servers]  # one per server
+        self.stamps: list[TxStamps] = []  # traced: when each frame's bytes left (schedulers/txstamps.py)
 
     # ------------------------------------------------------------------ setup
     def _connect(self) -> None:
@@ -138,7 +141,10 @@ class PSBase(Scheduler):
                 self.conns.append(conn)
                 conn.send(Kind.HELLO, key=self.ctx.num_workers, chunk=self.server_mode, sender=self.ctx.rank)
                 on_send = functools.partial(self._sending, i) if hooked else None
-                self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank, on_send=on_send))
+                stamps = TxStamps.enable(conn.sock, peer=i) if self.ctx.trace else None
+                if stamps is not None:
+                    self.stamps.append(stamps)
+                self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank, on_send=on_send, stamps=stamps))
         except BaseException as e:
             for conn in self.conns:
                 conn.abort(str(e), self.ctx.rank)
@@ -162,12 +168,20 @@ class PSBase(Scheduler):
         return True
 
     def info(self) -> dict:
-        """With a start-up cost: the cost, the messages that paid it and the time waited."""
-        if not self.params.startup_us:
-            return {}
-        return {"startup_us": self.params.startup_us,
-                "startup_messages": sum(c.messages for c in self.startup),
-                "startup_waited_s": sum(c.waited_s for c in self.startup)}
+        """With a start-up cost: the cost, the messages that paid it and the time waited.
+        Traced: `tx`, this worker's priority-inversion figures (contracts/tx_frames.py `summary`)."""
+        out = {}
+        if self.params.startup_us:
+            out.update({"startup_us": self.params.startup_us,
+                        "startup_messages": sum(c.messages for c in self.startup),
+                        "startup_waited_s": sum(c.waited_s for c in self.startup)})
+        if self.stamps:
+            out["tx"] = summary(merge(self.stamps)["inversion_s"])
+        return out
+
+    def tables(self) -> dict:
+        """Traced: `tx_frames`, one row per PUSH frame (schedulers/txstamps.py)."""
+        return {"tx_frames": merge(self.stamps)} if self.stamps else {}
 
     # ------------------------------------------------------------------ API
     def wait(self, key: int, it: int) -> np.ndarray:

@@ -52,9 +52,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contracts import tx_frames
 from contracts.role_spec import RoleSpec
 from schedulers.base import CommError
 from schedulers.transport import PRIORITY_QUEUE_S, Connection, Header, Kind, Mode, Outbox, abort_all, listen
+from schedulers.txstamps import TxStamps, merge, save
 
 MAX_FRAME_BYTES = 1 << 31  # a bigger push is a protocol error, not an allocation
 
@@ -117,6 +119,7 @@ class ParameterServer:
         self._arrival = itertools.count()          # PULL mode: requests in the order they are read
         self.trace = trace
         self.events: list[tuple[str, int, int, int, float]] = []
+        self.stamps: list[TxStamps] = []  # traced: when each RESULT's bytes left (schedulers/txstamps.py)
         self.log = log or (lambda msg: print(f"[server {rank}] {msg}", file=sys.stderr, flush=True))
 
     @property
@@ -184,8 +187,11 @@ class ParameterServer:
             elif mode != self.mode:
                 raise CommError(f"{conn.peer} speaks {mode.name} but this server runs {self.mode.name}")
             on_send = self._trace_send if self.trace else None
+            stamps = TxStamps.enable(conn.sock, peer=h.sender) if self.trace else None
+            if stamps is not None:
+                self.stamps.append(stamps)
             self.outboxes[h.sender] = Outbox(conn, lambda e, r=h.sender: self._fail(e, r),
-                                             sender=self.rank, on_send=on_send)
+                                             sender=self.rank, on_send=on_send, stamps=stamps)
 
     def _trace_send(self, kind: Kind, key: int, chunk: int, it: int) -> None:
         if kind == Kind.RESULT:
@@ -365,6 +371,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     if ps.trace and spec.out_dir:
+        if ps.stamps:   # before the JSON: a role's records are complete once its JSON is there
+            save(os.path.join(spec.out_dir, f"server{ps.rank}{tx_frames.SUFFIX}"), merge(ps.stamps))
         path = os.path.join(spec.out_dir, f"server{ps.rank}.json")
         with open(path + ".tmp", "w") as f:
             json.dump({"events": ps.events}, f)

@@ -32,10 +32,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from schedulers.base import CommError
+
+if TYPE_CHECKING:
+    from schedulers.txstamps import TxStamps
 
 # kind, flags, sender, key, chunk, iteration, priority, nbytes
 HEADER = struct.Struct("!BBHIIIII")
@@ -252,15 +256,18 @@ class Outbox:
     The thread waits until the kernel wants more bytes and only then pops the best frame:
     the choice is made as late as possible. `on_send(kind, key, chunk, it)` is called as a
     frame is handed to the socket (tracing); a frame's `on_sent()` once it has been written
-    (its payload buffer may then be reused).
+    (its payload buffer may then be reused). `stamps` (tracing; schedulers/txstamps.py) logs
+    when each frame was put, picked, written and when its bytes left the host; its thread
+    also reads the socket's stamps while it waits.
     """
 
     def __init__(self, conn: Connection, on_error: Callable[[BaseException], None], sender: int = 0,
-                 on_send: Callable[[Kind, int, int, int], None] | None = None):
+                 on_send: Callable[[Kind, int, int, int], None] | None = None, stamps: TxStamps | None = None):
         self.conn = conn
         self.sender = sender
         self._on_error = on_error
         self._on_send = on_send
+        self._stamps = stamps
         self._heap: list = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
@@ -282,8 +289,13 @@ class Outbox:
         with self._cv:
             if self._closed or self._aborted:
                 return  # the peer said BYE or is gone: nothing of this can matter to it
-            for order, *frame in frames:
-                heapq.heappush(self._heap, (order, next(self._seq), frame))
+            if self._stamps is None:
+                for order, *frame in frames:
+                    heapq.heappush(self._heap, (order, next(self._seq), frame))
+            else:
+                for order, *frame in frames:
+                    frame.append(self._stamps.ready(order))
+                    heapq.heappush(self._heap, (order, next(self._seq), frame))
             self._cv.notify()
 
     def _run(self) -> None:
@@ -293,26 +305,40 @@ class Outbox:
                 with self._cv:
                     while not self._heap and not self._aborted:
                         self._went_idle = True
-                        self._cv.wait()
+                        if self._stamps is not None and self._stamps.pending:
+                            self._cv.wait(self._stamps.IDLE_DRAIN_S)  # stamps to come: read them
+                            self._stamps.drain()
+                        else:
+                            self._cv.wait()
                 if self._aborted:
                     return
                 now = time.monotonic()
                 if now - retuned >= RETUNE_S:
                     self.conn.retune(backlogged=not self._went_idle)
                     retuned, self._went_idle = now, False
-                while not self.conn.wait_writable(0.2):
+                while not (self.conn.wait_writable(0.2) if self._stamps is None else self._stamps.wait_writable(0.2)):
                     if self._aborted:
                         return
                 with self._cv:
                     if self._aborted or not self._heap:
                         continue
                     order, _, frame = heapq.heappop(self._heap)
+                    stamp = None
+                    if self._stamps is not None and order != _STOP:
+                        stamp = frame.pop()
+                        self._stamps.popped(stamp, frame[0], frame[1], frame[2], frame[3], frame[5],
+                                            0 if frame[4] is None else frame[4].nbytes)
                 if order == _STOP:
                     self.conn.send(Kind.BYE, sender=self.sender)
+                    if self._stamps is not None:
+                        self._stamps.skip(HEADER.size)
+                        self._stamps.close()
                     return
                 kind, key, chunk, it, payload, priority, on_sent = frame
                 if self._on_send is not None:
                     self._on_send(kind, key, chunk, it)
+                if stamp is not None:
+                    self._stamps.writing(stamp)
                 self.conn.send(kind, key, chunk, it, payload, sender=self.sender, priority=priority)
                 if on_sent is not None:
                     on_sent()

@@ -37,14 +37,15 @@ def free_ports(n: int) -> list[int]:
 
 
 def run_job(workload: dict, out_dir: Path, workers: int = 1, scheduler: str = "fifo", params: dict | None = None,
-            servers: int | None = None, seed: int = 0, timeout_s: float = 600, threads: int = 1) -> list[dict]:
+            servers: int | None = None, seed: int = 0, timeout_s: float = 600, threads: int = 1,
+            trace: bool = False) -> list[dict]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if servers is None:
         servers = 1 if registry.SCHEDULERS[scheduler].Params.requires_servers else 0
     ports = [Address(host="lo", ip="127.0.0.1", port=p) for p in free_ports(servers + workers)]
     specs = role_specs(ports[:servers], ports[servers:], seed=seed, scheduler=scheduler, params=params or {},
-                       workload=workload, out_dir=out_dir, connect_timeout_s=30, iface="lo")
+                       workload=workload, out_dir=out_dir, connect_timeout_s=30, iface="lo", trace=trace)
     env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads),
            "PATH": "/usr/bin:/bin"}
     procs = []

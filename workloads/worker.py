@@ -12,6 +12,8 @@ back, without torch), and writes `<out_dir>/worker<rank>.json`:
     summary     parameter checksum, compute mode, speedup, peak memory, ...
     events      the scheduler's trace (if tracing)
 
+and, traced PS runs, `<out_dir>/worker<rank>.tx_frames.npz` (schedulers/txstamps.py).
+
 `main` reads top to bottom: this is the whole loop; set-up and the summary are the
 functions above it.
 """
@@ -25,9 +27,11 @@ import sys
 import time
 from pathlib import Path
 
+from contracts import tx_frames
 from contracts.role_spec import RoleSpec
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext
+from schedulers.txstamps import save as save_tx_frames
 from workloads import profile_file
 from workloads.config import WorkloadConfig
 
@@ -130,6 +134,9 @@ def main(spec_path: str) -> int:
     sched.close()
 
     summary = summarize(wl, rank, trainer, sched, data, final_wait_s)
+    tables = sched.tables()
+    if "tx_frames" in tables:   # before the JSON, which marks the records complete
+        save_tx_frames(out_dir / f"worker{rank}{tx_frames.SUFFIX}", tables["tx_frames"])
     tmp = out_dir / f".worker{rank}.json.tmp"
     tmp.write_text(json.dumps({"summary": summary, "iterations": records, "layers": layers, "events": sched.events}))
     os.replace(tmp, out_dir / f"worker{rank}.json")
