@@ -66,7 +66,6 @@ def transport(state, logs: Path) -> None:
     from emu.network import Testbed
     from emu.probe import iperf
     from emu.topospec import StarTopology
-
     from schedulers.transport import QUEUE_S
 
     print("\n## Bulk transfer over one emulated link (goodput / configured rate)")
