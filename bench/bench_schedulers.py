@@ -26,7 +26,17 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from schedulers.transport import Connection, Kind, Outbox, connect, listen  # noqa: E402
+from schedulers.transport import (  # noqa: E402
+    HOST_QUEUE_S,
+    PRIORITY_QUEUE_S,
+    QUEUE_S,
+    Connection,
+    Kind,
+    Outbox,
+    connect,
+    listen,
+)
+from schedulers.txstamps import TxStamps  # noqa: E402
 
 # ---------------------------------------------------------------------------- peers (run inside hosts)
 
@@ -47,10 +57,17 @@ def peer_recv(port: int, total: int, frame: int, out: Path) -> None:
     conn.close()
 
 
-def peer_send(ip: str, port: int, total: int, frame: int) -> None:
+def peer_send(ip: str, port: int, total: int, frame: int, ps: bool = False) -> None:
+    """ps: the parameter-server family's sending side (its short unsent queue, and the host's
+    queue bounded through transmit stamps), as a PS worker sets it up."""
     conn = connect(ip, port, "receiver", 20)
     errors = []
-    box = Outbox(conn, errors.append)
+    if ps:
+        conn.queue_s = PRIORITY_QUEUE_S
+        stamps = TxStamps.enable(conn.sock, record=False)
+        box = Outbox(conn, errors.append, stamps=stamps, host_queue_s=HOST_QUEUE_S)
+    else:
+        box = Outbox(conn, errors.append)
     data = np.ones(frame // 4, np.float32)
     for i in range(total // (frame + 24) + 1):
         box.put((i,), Kind.PUSH, key=0, chunk=i, it=0, payload=data)
@@ -66,19 +83,19 @@ def transport(state, logs: Path) -> None:
     from emu.network import Testbed
     from emu.probe import iperf
     from emu.topospec import StarTopology
-    from schedulers.transport import QUEUE_S
 
     print("\n## Bulk transfer over one emulated link (goodput / configured rate)")
-    print(f"(the kernel's unsent queue is kept at QUEUE_S = {QUEUE_S * 1e3:g} ms of the rate; frames of 1 MiB, "
-          "and of 16 KiB as Mercury's packets)")
-    print("| rate | frame | iperf3 | ours | ours / iperf3 |\n|---|---|---|---|---|")
+    print("(frames of 1 MiB, and of 16 KiB as Mercury's packets; the collectives' sending side, and the "
+          f"parameter-server family's: unsent queue {PRIORITY_QUEUE_S * 1e3:g} ms, bytes not yet out of the host "
+          f"{HOST_QUEUE_S * 1e3:g} ms of the rate)")
+    print("| rate | frame, sending side | iperf3 | ours | ours / iperf3 |\n|---|---|---|---|---|")
     for rate in (100, 1000):
         spec = StarTopology.model_validate({"kind": "star", "hosts": [
             {"name": "a", "bw_mbps": rate}, {"name": "b", "bw_mbps": rate}]}).resolve()
         total = int(rate * 1e6 / 8 * 4)  # about 4 s of traffic
         with Testbed(spec, state) as tb:
             ip = iperf(tb, "a", "b", logs, seconds=4)
-            for port, frame in enumerate((1 << 20, 1 << 14), start=7000):
+            for port, (frame, ps) in enumerate(((1 << 20, False), (1 << 14, False), (1 << 14, True)), start=7000):
                 res = logs / f"recv-{rate}-{frame}.json"
                 py = [sys.executable, "-m", "bench.bench_schedulers"]
                 rx = tb.launch("b", f"recv{rate}-{frame}", py + [
@@ -87,11 +104,13 @@ def transport(state, logs: Path) -> None:
                 time.sleep(1.0)
                 tx = tb.launch("a", f"send{rate}-{frame}", py + [
                     "--peer", "send", "--ip", tb.ip("b"), "--port", str(port), "--bytes", str(total),
-                    "--frame", str(frame)], logs, aux=True, cwd=REPO, env={"PYTHONPATH": str(REPO)})
+                    "--frame", str(frame), *(["--ps"] if ps else [])], logs, aux=True, cwd=REPO,
+                    env={"PYTHONPATH": str(REPO)})
                 tx.wait(120)
                 rx.wait(30)
                 ours = json.loads(res.read_text())["mbps"]
-                print(f"| {rate} Mb/s | {frame // 1024} KiB | {ip / rate:.3f} | {ours / rate:.3f} | "
+                how = "PS side: 2 ms queue, host bound" if ps else f"{QUEUE_S * 1e3:g} ms queue"
+                print(f"| {rate} Mb/s | {frame // 1024} KiB, {how} | {ip / rate:.3f} | {ours / rate:.3f} | "
                       f"{ours / ip:.3f} |", flush=True)
 
 
@@ -126,12 +145,13 @@ def main() -> int:
     ap.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--frame", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--ps", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer == "recv":
         peer_recv(args.port, args.bytes, args.frame, args.out)
         return 0
     if args.peer == "send":
-        peer_send(args.ip, args.port, args.bytes, args.frame)
+        peer_send(args.ip, args.port, args.bytes, args.frame, args.ps)
         return 0
 
     from emu.cleanup import StateDir

@@ -46,7 +46,17 @@ from pydantic import Field, model_serializer
 from contracts.tx_frames import summary
 from schedulers.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.failure import Failure
-from schedulers.transport import PRIORITY_QUEUE_S, Connection, Header, Kind, Mode, Outbox, abort_all, connect
+from schedulers.transport import (
+    HOST_QUEUE_S,
+    PRIORITY_QUEUE_S,
+    Connection,
+    Header,
+    Kind,
+    Mode,
+    Outbox,
+    abort_all,
+    connect,
+)
 from schedulers.txstamps import TxStamps, merge
 
 
@@ -141,10 +151,12 @@ class PSBase(Scheduler):
                 self.conns.append(conn)
                 conn.send(Kind.HELLO, key=self.ctx.num_workers, chunk=self.server_mode, sender=self.ctx.rank)
                 on_send = functools.partial(self._sending, i) if hooked else None
-                stamps = TxStamps.enable(conn.sock, peer=i) if self.ctx.trace else None
-                if stamps is not None:
+                # Transmit stamps always (the host's queue bound); a row per frame when traced.
+                stamps = TxStamps.enable(conn.sock, peer=i, record=self.ctx.trace)
+                if stamps is not None and self.ctx.trace:
                     self.stamps.append(stamps)
-                self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank, on_send=on_send, stamps=stamps))
+                self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank, on_send=on_send, stamps=stamps,
+                                            host_queue_s=HOST_QUEUE_S))
         except BaseException as e:
             for conn in self.conns:
                 conn.abort(str(e), self.ctx.rank)

@@ -55,7 +55,17 @@ import numpy as np
 from contracts import tx_frames
 from contracts.role_spec import RoleSpec
 from schedulers.base import CommError
-from schedulers.transport import PRIORITY_QUEUE_S, Connection, Header, Kind, Mode, Outbox, abort_all, listen
+from schedulers.transport import (
+    HOST_QUEUE_S,
+    PRIORITY_QUEUE_S,
+    Connection,
+    Header,
+    Kind,
+    Mode,
+    Outbox,
+    abort_all,
+    listen,
+)
 from schedulers.txstamps import TxStamps, merge, save
 
 MAX_FRAME_BYTES = 1 << 31  # a bigger push is a protocol error, not an allocation
@@ -187,11 +197,13 @@ class ParameterServer:
             elif mode != self.mode:
                 raise CommError(f"{conn.peer} speaks {mode.name} but this server runs {self.mode.name}")
             on_send = self._trace_send if self.trace else None
-            stamps = TxStamps.enable(conn.sock, peer=h.sender) if self.trace else None
-            if stamps is not None:
+            # Transmit stamps always (the host's queue bound, as the workers'); rows when traced.
+            stamps = TxStamps.enable(conn.sock, peer=h.sender, record=self.trace)
+            if stamps is not None and self.trace:
                 self.stamps.append(stamps)
             self.outboxes[h.sender] = Outbox(conn, lambda e, r=h.sender: self._fail(e, r),
-                                             sender=self.rank, on_send=on_send, stamps=stamps)
+                                             sender=self.rank, on_send=on_send, stamps=stamps,
+                                             host_queue_s=HOST_QUEUE_S)
 
     def _trace_send(self, kind: Kind, key: int, chunk: int, it: int) -> None:
         if kind == Kind.RESULT:

@@ -58,6 +58,14 @@ QUEUE_S = 0.010
 # written and the host's qdisc), and bulk goodput stays at iperf3's (bench/bench_schedulers.py
 # transport, 16 KiB frames at 100 and 1000 Mb/s) with replayed compute.
 PRIORITY_QUEUE_S = 0.002
+# ... and, where the kernel gives transmit stamps (schedulers/txstamps.py), they also keep the
+# bytes written that have not left the host (kernel queue plus the host's qdisc, which TCP fills
+# up to its small-queue limit of two GSO packets) at HOST_QUEUE_S of the rate, MIN_HOST_QUEUE
+# at least: an urgent frame then waits behind that and the frame being written, about two
+# 16 KiB packets. A stamp that never comes holds the outbox HOST_WAIT_MAX_S at most.
+HOST_QUEUE_S = 0.0005
+MIN_HOST_QUEUE = 8 * 1024
+HOST_WAIT_MAX_S = 0.05
 MIN_LOWAT, INITIAL_LOWAT, MAX_LOWAT = 16 * 1024, 1024 * 1024, 4 * 1024 * 1024
 RETUNE_S = 0.05
 RATE_DECAY = 0.5 ** (RETUNE_S / 1.0)  # the rate estimate halves per second of lower samples
@@ -180,6 +188,10 @@ class Connection:
                 self.lowat = lowat
         self._acked, self._acked_at = acked, now
 
+    def rate(self) -> float:
+        """The delivery rate estimate of `retune`, bytes/s (0 before the first sample)."""
+        return self._rate
+
     def bytes_acked(self) -> int | None:
         """Bytes of ours the peer has acknowledged so far (TCP_INFO), None where the kernel
         does not say: a sender's goodput measured by the receiver's own acknowledgements."""
@@ -259,15 +271,22 @@ class Outbox:
     (its payload buffer may then be reused). `stamps` (tracing; schedulers/txstamps.py) logs
     when each frame was put, picked, written and when its bytes left the host; its thread
     also reads the socket's stamps while it waits.
+
+    `host_queue_s` (needs `stamps`): before picking a frame, also wait until the bytes written
+    that have not left the host (the kernel's queue and the host's qdisc, which
+    TCP_NOTSENT_LOWAT does not bound) are at most that much of the connection's rate, and at
+    least MIN_HOST_QUEUE. An urgent frame then waits behind that and the frame being written.
     """
 
     def __init__(self, conn: Connection, on_error: Callable[[BaseException], None], sender: int = 0,
-                 on_send: Callable[[Kind, int, int, int], None] | None = None, stamps: TxStamps | None = None):
+                 on_send: Callable[[Kind, int, int, int], None] | None = None, stamps: TxStamps | None = None,
+                 host_queue_s: float | None = None):
         self.conn = conn
         self.sender = sender
         self._on_error = on_error
         self._on_send = on_send
         self._stamps = stamps
+        self._host_queue_s = host_queue_s if stamps is not None else None
         self._heap: list = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
@@ -319,6 +338,9 @@ class Outbox:
                 while not (self.conn.wait_writable(0.2) if self._stamps is None else self._stamps.wait_writable(0.2)):
                     if self._aborted:
                         return
+                if self._host_queue_s is not None:
+                    limit = max(MIN_HOST_QUEUE, int(self.conn.rate() * self._host_queue_s))
+                    self._stamps.wait_host_below(limit, HOST_WAIT_MAX_S)
                 with self._cv:
                     if self._aborted or not self._heap:
                         continue

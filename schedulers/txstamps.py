@@ -104,8 +104,12 @@ class FrameLog:
     `writing` just before it is written, `stamped(k, t)` when the bytes through offset k have
     left the host, `finish` at the end (frames never stamped get NaN times)."""
 
-    def __init__(self, peer: int = 0):
+    def __init__(self, peer: int = 0, record: bool = True):
+        """record: keep a row per data frame (tracing); without it only the host's queue is
+        followed (`host_bytes`, for the outbox's bound)."""
         self.peer = peer
+        self.record = record
+        self._left_end = 0                     # bytes that have left the host (a frame end)
         self._stack: deque[Frame] = deque()    # picked, maybe not left; orders strictly decreasing
         self._pending: deque[Frame] = deque()  # written, not stamped yet, in write order
         self._written = 0                      # bytes written (frame ends)
@@ -157,10 +161,17 @@ class FrameLog:
             done = True
         self.stamps += done
 
+    def host_bytes(self) -> int:
+        """Bytes written that have not left the host yet: the kernel's send queue and the
+        host's qdisc together (as far as the stamps read so far tell)."""
+        return self._written - self._left_end
+
     def _complete(self, f: Frame, t: float) -> None:
         f.left = t
+        if not math.isnan(t):
+            self._left_end = f.end
         first, self._prev_left = max(f.write_t, self._prev_left), t
-        if f.ident is not None:
+        if f.ident is not None and self.record:
             b = f.blocker
             if b is None:
                 inv = 0.0
@@ -191,9 +202,9 @@ class TxStamps(FrameLog):
 
     IDLE_DRAIN_S = IDLE_DRAIN_S
 
-    def __init__(self, sock: socket.socket, peer: int = 0):
+    def __init__(self, sock: socket.socket, peer: int = 0, record: bool = True):
         """Raises OSError where the kernel lacks OPT_ID_TCP (before Linux 6.2): see `enable`."""
-        super().__init__(peer)
+        super().__init__(peer, record)
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, FLAGS)
         self.sock = sock
         self._poll = select.poll()
@@ -202,10 +213,10 @@ class TxStamps(FrameLog):
         self._err_poll.register(sock, 0)   # POLLERR, POLLHUP only
 
     @classmethod
-    def enable(cls, sock: socket.socket, peer: int = 0) -> TxStamps | None:
+    def enable(cls, sock: socket.socket, peer: int = 0, record: bool = True) -> TxStamps | None:
         """Stamps for `sock`, or None where this kernel cannot give them."""
         try:
-            return cls(sock, peer)
+            return cls(sock, peer, record)
         except OSError:
             return None
 
@@ -248,6 +259,20 @@ class TxStamps(FrameLog):
                 return True
             if time.monotonic() >= deadline:
                 return False
+
+    def wait_host_below(self, limit: int, timeout_s: float) -> bool:
+        """Wait until at most `limit` bytes written have not left the host (reading stamps as
+        they come), or timeout_s. False on timeout, or on a socket error (the next send
+        reports it)."""
+        self.drain()
+        deadline = time.monotonic() + timeout_s
+        while self.host_bytes() > limit:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._err_poll.poll(left * 1000) and not self.drain():
+                return False   # POLLERR with no stamp to read: a real error
+        return True
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """Wait (at most timeout_s, and not at all if this socket never gave a stamp) for the

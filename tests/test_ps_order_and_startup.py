@@ -42,7 +42,8 @@ class Gate:
 
     def __init__(self, outbox: Outbox):
         self.outbox, self.permits, self.opened = outbox, threading.Semaphore(0), False
-        outbox.conn.wait_writable = self._wait
+        # the outbox waits through its transmit stamps where it has them (transport.Outbox)
+        (outbox.conn if outbox._stamps is None else outbox._stamps).wait_writable = self._wait
 
     def _wait(self, timeout_s: float) -> bool:
         return self.opened or self.permits.acquire(timeout=timeout_s)

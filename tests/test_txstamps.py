@@ -168,8 +168,9 @@ def test_urgent_frame_behind_a_bulk_stream_waits_for_the_bytes_ahead():
 
 
 def test_stamps_only_when_traced(tmp_path):
-    """trace: false never asks the kernel for stamps; trace: true gets one row per PUSH,
-    saved and collected as the run's tx_frames table with its row figures."""
+    """A PS worker and server always ask the kernel for stamps (their outboxes bound the
+    host's queue with them) but keep rows only when traced. trace: true gets
+    one row per PUSH, saved and collected as the run's tx_frames table with its row figures."""
     for trace in (False, True):
         servers = Servers(1, 1, trace=trace)
         sched = create("mercury", 0, 1, servers.endpoints, {"packet_bytes": 4 * KiB}, trace=trace)
@@ -181,8 +182,8 @@ def test_stamps_only_when_traced(tmp_path):
         flags = sched.conns[0].sock.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING)
         sched.close()
         servers.join()
-        assert flags == (FLAGS if trace else 0)
-        assert (sched.outboxes[0]._stamps is None) is (not trace) and bool(sched.stamps) is trace
+        assert flags == FLAGS and sched.outboxes[0]._stamps is not None and bool(sched.stamps) is trace
+        assert sched.outboxes[0]._host_queue_s is not None
         assert bool(servers.ps[0].stamps) is trace
         if not trace:
             assert sched.tables() == {} and "tx" not in sched.info()
