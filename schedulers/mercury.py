@@ -5,7 +5,9 @@ one priority buffer per server connection (the transport's outbox), and the conn
 always sends its highest-priority packet next: (iteration, layer position from the input,
 packet). A gradient of a lower layer that becomes ready while a higher layer is on the wire
 therefore goes out after at most the packet being written, and then waits only for the
-bytes already in the kernel's bounded send queue (~10 ms of the link, see transport.py).
+bytes not yet out of the host, which the PS family bounds to 0.5 ms of the link (8 KiB at
+least, transport.py HOST_QUEUE_S): about two packet times in all, measured per packet
+with `trace: true` (`inversion_s`, schedulers/txstamps.py).
 The server (mode IMMEDIATE) sums each packet as it arrives and sends the average back to
 every worker the moment the last copy is in, its own sends ordered the same way: push and
 pull overlap packet by packet, with no pull request.
@@ -16,10 +18,10 @@ the load is balanced to within one packet and every layer uses every server link
 Packet size (`packet_bytes`, payload bytes; default 16 KiB). Smaller packets preempt sooner
 but cost the server per packet, in Python, in and out, whatever their size: the server's
 packet rate, not the bytes, limits it (`bench/bench_transport_loopback.py packets`). Going
-below 16 KiB also buys little: one 16 KiB packet is 1.3 ms at 100 Mb/s, while a preempting
-gradient mostly waits behind the kernel's bounded send queue (~10 ms of the link,
-transport.py). 16 KiB is the smallest packet that leaves the server CPU for links up to
-1 Gb/s; set it lower for slower links if the preemption granularity matters.
+below 16 KiB also buys little: one 16 KiB packet is 1.3 ms at 100 Mb/s, and a preempting
+gradient still waits behind the host's bounded queue (at least 8 KiB). 16 KiB is the
+smallest packet that leaves the server CPU for links up to 1 Gb/s; set it lower for slower
+links if the preemption granularity matters.
 
 A modelled start-up cost (`startup_us`, `schedulers/ps.py`) is paid once per tensor per
 iteration on each server connection that carries any of its packets, when the tensor's
