@@ -237,3 +237,42 @@ def test_traced_job_writes_the_table_and_the_row_figures(tmp_path):
     tx.assign(run_id="run").to_parquet(tmp_path / "run" / "tx_frames.parquet")
     assert len(load_tx_frames(tmp_path, "run", "server")) == 2 * packets
     assert load_tx_frames(tmp_path, "other") is None
+
+
+def test_host_bytes_follow_the_stamps():
+    """The bytes written that have not left the host: every frame picked adds its bytes, a
+    stamp removes every frame it completes (a lost stamp's frame goes with the next one)."""
+    log = FrameLog(record=False)
+    a, b, c = (frame(log, 1, 0.0, key=k, nbytes=1000) for k in range(3))
+    end_a, _, end_c = pick(log, a, 0.0), pick(log, b, 0.0), pick(log, c, 0.0)
+    assert log.host_bytes() == 3 * (H + 1000)
+    log.stamped(end_a, 0.1)
+    assert log.host_bytes() == 2 * (H + 1000)
+    log.stamped(end_c, 0.2)   # b's stamp was lost: c's completes it too
+    assert log.host_bytes() == 0 and log.pending == 0
+    assert len(log.columns()["key"]) == 0   # record=False keeps no rows
+
+
+def test_wait_host_below_returns_once_the_bytes_are_out_or_gives_up():
+    """A reader that keeps up: the bytes leave (to `lo`) and the wait ends with nothing in
+    the host. A reader whose window is closed: the bytes stay, and the wait gives up at its
+    timeout (False) instead of holding the outbox."""
+    sender, reader = stalled_pair(16 * KiB + H)   # takes the first frame, then stalls
+    stamps = TxStamps(sender.sock, peer=0, record=False)
+    data = np.zeros(4 * KiB, np.float32)
+    f = stamps.ready((1,))
+    stamps.popped(f, Kind.PUSH, 1, 0, 0, 1, data.nbytes)
+    sender.send(Kind.PUSH, 1, 0, 0, data)
+    assert stamps.wait_host_below(0, 30) and stamps.host_bytes() == 0
+    assert reader.stalled.wait(30)
+    deadline = time.monotonic() + 30
+    while not notsent_bytes(sender):   # fill until the kernel holds unsent bytes
+        f = stamps.ready((1,))
+        stamps.popped(f, Kind.PUSH, 1, 0, 0, 1, data.nbytes)
+        sender.send(Kind.PUSH, 1, 0, 0, data)
+        assert time.monotonic() < deadline, "the kernel never held unsent bytes"
+        time.sleep(0.005)
+    assert not stamps.wait_host_below(0, 0.05) and stamps.host_bytes() > 0
+    reader.go.set()
+    assert stamps.wait_host_below(0, 30) and stamps.host_bytes() == 0
+    sender.close()
