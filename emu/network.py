@@ -248,8 +248,11 @@ class Testbed:
 
     # ------------------------------------------------------------------ teardown
     def __exit__(self, *exc) -> None:
-        # A second Ctrl-C must not interrupt the teardown half-way.
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # A Ctrl-C must not interrupt the teardown half-way; it is held and raised once the
+        # network is down (unless the run is already ending for another reason), so a sweep
+        # still stops on a Ctrl-C that lands during a teardown.
+        held: list[int] = []
+        old = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
         try:
             for p in list(self.roles.values()) + list(self.aux.values()):
                 if p.poll() is None:
@@ -273,3 +276,5 @@ class Testbed:
                 self._lockf.close()  # releases the network lock
         finally:
             signal.signal(signal.SIGINT, old)
+        if held and exc[0] is None:
+            raise KeyboardInterrupt("signal SIGINT (during teardown)")
