@@ -228,6 +228,7 @@ BENCHES = {
     "workloads": (["bench/bench_workloads.py"], False),
     "transport-loopback": (["bench/bench_transport_loopback.py"], False),
     "ring-gloo-loopback": (["bench/bench_ring_vs_gloo.py"], False),
+    "dilation": (["-m", "bench.bench_dilation"], True),
 }
 
 

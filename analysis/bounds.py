@@ -69,7 +69,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from analysis.capacity import route, run_capacity
+from analysis.capacity import route, run_capacity, time_dilation
 from contracts.role_spec import RoleSpec
 
 PS_FAMILY = {"fifo", "bytescheduler", "p3", "mercury"}
@@ -103,9 +103,17 @@ _TEXT = {"bound_model", "bound_capacity", "efficiency_basis"}
 
 
 def load_graph(run_dir: Path) -> nx.DiGraph:
-    """The capacity graph the run's roles were given (bit/s per directed edge)."""
+    """The capacity graph of the run's network in emulated bit/s per directed edge: the graph
+    its roles were given, whose rates a time-dilated run (emu/dilation.py) divided by its
+    `time_dilation` k, multiplied back by k, so that every bound is in emulated time as the
+    run's tables are."""
     spec = RoleSpec.model_validate_json(next((run_dir / "roles").glob("worker*.json")).read_text())
-    return nx.node_link_graph(spec.topology, edges="links")
+    g = nx.node_link_graph(spec.topology, edges="links")
+    k = time_dilation(run_dir)
+    if k != 1:
+        for _, _, d in g.edges(data=True):
+            d["capacity"] = d["capacity"] * k
+    return g
 
 
 # ---------------------------------------------------------------------------- fixed patterns

@@ -33,6 +33,12 @@ reaches 50. For a single link both agree, and the time to move B bits is the T w
 `analysis/bounds.py` compares it with the mean iteration when the capacity varied inside
 the window (a step, a flow starting or stopping) and with the median otherwise.
 
+A time-dilated run (`time_dilation` k > 1, emu/dilation.py) stored its tables, its iteration
+times and the row's cross-traffic rates in emulated time already; only its roles' capacity
+graph holds the dilated rates, which `analysis/bounds.py` `load_graph` multiplies back by k,
+and the 0.3 s the flows wait is wall clock, 0.3 / k emulated. So the bound of a dilated run
+is the bound of the same config undilated.
+
 Runs without the monitor's clock in their row (`monitor_t0_wall`, rows older than it) or
 without `links.parquet` cannot be placed in time: they keep the configured capacities when
 their bandwidth was shared or shaped, and the basis says so.
@@ -128,6 +134,17 @@ def available_capacity(g: nx.DiGraph, window: tuple[float, float], links: pd.Dat
     return Capacity(h, "available", varies, window)
 
 
+def time_dilation(run_dir: Path) -> float:
+    """The run's `time_dilation` k from its config.yaml (emu/dilation.py; absent: 1). Its
+    tables are in emulated time already; only what its roles were given (the capacity graph
+    of roles/*.json) is in the dilated clock."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        return 1.0
+    k = (yaml.safe_load(path.read_text()) or {}).get("time_dilation", 1.0)
+    return float(k) if isinstance(k, (int, float)) and k >= 1 else 1.0
+
+
 def measured_window(run_dir: Path, run) -> tuple[float, float] | None:
     """[first start, last end] of the measured iterations, in the monitor's clock; None
     without the monitor's t = 0 (`monitor_t0_wall`) or the iterations."""
@@ -152,6 +169,8 @@ def cross_flows(run_dir: Path, run, last_t: float) -> tuple[list[Flow], list[str
     cfg_path = run_dir / "config.yaml"
     planned = (yaml.safe_load(cfg_path.read_text()).get("cross_traffic") or []) if cfg_path.exists() else []
     timeout = float(run.get("timeout_s") or np.inf)
+    # the 0.3 s the iperf3 servers get to bind is wall clock: 0.3 / k emulated seconds
+    released = FLOWS_START_S / time_dilation(run_dir)
     flows, notes = [], []
     for i, r in enumerate(achieved):
         if not r.get("started", True):
@@ -160,7 +179,7 @@ def cross_flows(run_dir: Path, run, last_t: float) -> tuple[list[Flow], list[str
             notes.append(f"cross flow {i} reported no rate, counted as 0")
             continue
         p = planned[i] if i < len(planned) else {}
-        start = max(float(p.get("start_s") or 0.0), FLOWS_START_S)
+        start = max(float(p.get("start_s") or 0.0), released)
         stop = p.get("stop_s")
         end = min(float(stop) if stop is not None else np.inf, timeout, last_t)
         flows.append(Flow(r["src"], r["dst"], float(r["mbps"]) * 1e6, start, max(end, start)))

@@ -23,10 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from emu.config_errors import describe, quote
 from emu.crosstraffic import Flow
+from emu.dilation import MAX_TIME_DILATION, dilate_params, dilate_workload
 from emu.placement import best_server
 from emu.shaping import MAX_RATE_CHANGES, LinkShaping
 from emu.topospec import MAX_GRAPH_NODES, NetSpec, Topology
@@ -35,6 +45,8 @@ from emu.topospec import MAX_GRAPH_NODES, NetSpec, Topology
 MAX_TIMEOUT_S = 7 * 24 * 3600
 # Each flow is an iperf3 server and client with its own port from 5201.
 MAX_FLOWS = 256
+# netem's delay of a link (topospec.LinkOptions.delay_ms), also once dilated.
+MAX_DELAY_MS = 60_000
 # What the user sees is one line: longer messages (a huge value quoted back) are cut.
 MAX_MESSAGE_CHARS = 400
 
@@ -138,7 +150,12 @@ class Experiment(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = Field(default=0, ge=0, le=2 ** 32 - 1,
                       description="torch gets seed x 1000 + stream, which must fit in 64 bits")
-    timeout_s: float = Field(default=600, ge=1, le=MAX_TIMEOUT_S, description="wall-clock limit of one run")
+    timeout_s: float = Field(default=600, ge=1, le=MAX_TIMEOUT_S,
+                             description="limit of one run (emulated seconds: x time_dilation of wall clock)")
+    time_dilation: float = Field(
+        default=1.0, ge=1, le=MAX_TIME_DILATION,
+        description="run k times slower: every link rate / k, every time x k (emu/dilation.py); results are "
+                    "recorded in emulated time. Left out of the resolved config, and so of the run id, at 1")
     trace: bool = Field(default=False, description="record scheduler events into events.parquet")
     topology: Topology
     shaping: list[LinkShaping] = Field(default_factory=list, max_length=2 * MAX_GRAPH_NODES)
@@ -158,12 +175,29 @@ class Experiment(Strict):
                     "`bytescheduler`); unset by default, when it changes nothing, run ids included")
     _net: NetSpec | None = PrivateAttr(default=None)
 
+    @field_validator("time_dilation", mode="before")
+    @classmethod
+    def _a_number(cls, value):
+        if isinstance(value, bool):
+            raise ValueError(f"must be a number, got {quote(value)}")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _without_unit_dilation(self, handler):
+        """`time_dilation` is left out of the dump at 1, so the resolved configs, and the run
+        ids hashed from them, of runs made before it existed do not change."""
+        d = handler(self)
+        if self.time_dilation == 1:
+            d.pop("time_dilation", None)
+        return d
+
     @model_validator(mode="after")
     def _consistent(self) -> Experiment:
         try:
             net = self.topology.resolve()
         except ValueError as e:
             raise ConfigError(f"topology.{e}") from None
+        _check_dilation(self, net)
         object.__setattr__(self, "roles", _resolve_roles(self.roles, net))
         hosts = set(net.hosts)
         for h in self.host_cpu:
@@ -217,6 +251,21 @@ class Experiment(Strict):
         (a sweep still resumes); any value that is set, defaults included, is hashed."""
         blob = json.dumps({"config": _drop_empty(self.resolved()), "repeat": repeat}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _check_dilation(exp: Experiment, net: NetSpec) -> None:
+    """What time dilation stretches must still fit: the run's wall-clock limit, netem's delay."""
+    k = exp.time_dilation
+    if k == 1:
+        return
+    if exp.timeout_s * k > MAX_TIMEOUT_S:
+        raise ConfigError(f"time_dilation: timeout_s ({exp.timeout_s:g} s) x {k:g} is {exp.timeout_s * k:.0f} s "
+                          f"of wall clock; at most {MAX_TIMEOUT_S} (7 days): shorten timeout_s or lower "
+                          f"time_dilation")
+    for ln in net.links:
+        if ln.delay_ms and ln.delay_ms * k > MAX_DELAY_MS:
+            raise ConfigError(f"time_dilation: link {ln.a}-{ln.b}'s delay_ms ({ln.delay_ms:g}) x {k:g} is above "
+                              f"{MAX_DELAY_MS} ms")
 
 
 def _resolve_roles(roles: Roles, net: NetSpec) -> Roles:
@@ -301,4 +350,31 @@ def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path 
         if not needs and exp.roles.servers:
             raise ConfigError(f"roles.servers: scheduler {exp.scheduler!r} runs among the workers; "
                               f"it uses no servers (remove them)")
+    _check_dilated_sections(exp.time_dilation, d, sections)
     return Experiment.model_validate(d, context=ctx)
+
+
+def _check_dilated_sections(k: float, d: dict[str, Any], sections: Sections) -> None:
+    """With time dilation k > 1, the roles get replayed compute k times slower and the
+    scheduler's times x k (emu/dilation.py): refuse real compute, which cannot be slowed
+    down, and check the values the roles will get against their own models."""
+    if k == 1:
+        return
+    workload = d["workload"]
+    if workload.get("compute", "real") != "replay":
+        raise ConfigError(f"time_dilation: {k:g} needs workload.compute: replay; real PyTorch compute runs at the "
+                          f"machine's own speed and cannot be slowed down {k:g} times (replay a profile, or set "
+                          f"time_dilation: 1)")
+    if sections.workload is not None:
+        try:
+            sections.workload.model_validate(dilate_workload(workload, k))
+        except ValidationError as e:
+            raise ConfigError(f"time_dilation: {k:g} replays compute {k:g} times slower (speedup / {k:g}), and "
+                              f"{describe(e, 'workload')}") from None
+    name = d["scheduler"]
+    if name in sections.schedulers:
+        try:
+            sections.schedulers[name].model_validate(dilate_params(d["schedulers"].get(name) or {}, k))
+        except ValidationError as e:
+            raise ConfigError(f"time_dilation: {k:g} x {describe(e, f'schedulers.{name}')} (a scheduler's times "
+                              f"are multiplied by time_dilation)") from None

@@ -32,6 +32,14 @@ from contracts.role_spec import role_specs as build_role_specs
 from emu.cleanup import StateDir
 from emu.config import Experiment
 from emu.crosstraffic import CrossTraffic
+from emu.dilation import (
+    WallPlan,
+    cross_to_emulated,
+    rates_to_emulated,
+    summary_to_emulated,
+    table_to_emulated,
+    wall_plan,
+)
 from emu.fidelity import verdict
 from emu.machine import RUN_LIMITS, read_sysctl
 from emu.monitor import Monitor
@@ -84,14 +92,19 @@ def environment() -> dict[str, Any]:
     }
 
 
-def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path) -> list[tuple[str, str, RoleSpec]]:
-    """(role name, host, spec) for servers then workers."""
+def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path, wall: WallPlan | None = None
+               ) -> list[tuple[str, str, RoleSpec]]:
+    """(role name, host, spec) for servers then workers. The roles live in wall-clock time:
+    under time dilation (`wall`, emu/dilation.py) they get the links' real (dilated) rates in
+    their capacity graph, the scheduler's times and the connect timeout x k and replayed
+    compute k times slower, and never k itself."""
+    wall = wall or wall_plan(exp)
     specs = build_role_specs(
         [Address(host=h, ip=ips[h], port=SERVER_PORT + i) for i, h in enumerate(exp.roles.servers)],
         [Address(host=h, ip=ips[h], port=WORKER_PORT + i) for i, h in enumerate(exp.roles.workers)],
-        seed=exp.seed, scheduler=exp.scheduler, params=exp.scheduler_params, workload=exp.workload,
-        topology=graph_to_json(capacity_graph(exp.net)), out_dir=out_dir,
-        connect_timeout_s=60.0,  # the run's own timeout_s bounds everything anyway
+        seed=exp.seed, scheduler=exp.scheduler, params=wall.scheduler_params, workload=wall.workload,
+        topology=graph_to_json(capacity_graph(wall.net)), out_dir=out_dir,
+        connect_timeout_s=wall.connect_timeout_s,  # the run's own timeout_s bounds everything anyway
         trace=exp.trace)
     return [(s.name, s.address.host, s) for s in specs]
 
@@ -111,8 +124,10 @@ def _exit_reason(role: str, host: str, rc: int, log_dir: Path) -> str:
 
 
 def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Experiment, log_dir: Path,
-                    rec_dir: Path, progress: Callable[[int], None], background=()) -> None:
-    deadline = time.monotonic() + exp.timeout_s
+                    rec_dir: Path, progress: Callable[[int], None], background=(), wall: WallPlan | None = None
+                    ) -> None:
+    wall = wall or wall_plan(exp)
+    deadline = time.monotonic() + wall.timeout_s
     workers_done_at = None
     host_of = {r: h for r, h, _ in roles}
     iterations = exp.workload["iterations"]
@@ -134,15 +149,16 @@ def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Ex
         workers = [r for r in codes if r.startswith("worker")]
         if workers_done_at is None and all(codes[r] == 0 for r in workers):
             workers_done_at = time.monotonic()
-        if workers_done_at is not None and time.monotonic() - workers_done_at > 15:
+        if workers_done_at is not None and time.monotonic() - workers_done_at > wall.roles_grace_s:
             stuck = [r for r, rc in codes.items() if rc is None]
-            raise RunFailed(f"{', '.join(stuck)} did not exit 15 s after the workers finished")
+            raise RunFailed(f"{', '.join(stuck)} did not exit {wall.roles_grace_s:g} s after the workers finished")
         if time.monotonic() > deadline:
             done = []
             for r in workers:
                 p = rec_dir / f"{r}.progress"
                 done.append(f"{r} at {p.read_text() if p.exists() else 0}/{iterations}")
-            raise RunFailed(f"timed out after {exp.timeout_s:g} s (timeout_s); {', '.join(done)}")
+            dilated = f" x time_dilation {wall.k:g} = {wall.timeout_s:g} s of wall clock" if wall.k != 1 else ""
+            raise RunFailed(f"timed out after {exp.timeout_s:g} s (timeout_s{dilated}); {', '.join(done)}")
         least = iterations
         for r in workers:
             try:
@@ -209,19 +225,28 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     write_text(run_dir / "config.yaml", yaml.safe_dump(exp.resolved(), sort_keys=False))
     write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment()}, indent=2))
 
+    # Under time dilation the testbed runs `wall` (emu/dilation.py); every table and metric is
+    # converted back to emulated time as it is collected. wall_s, bringup_s and teardown_s
+    # stay the harness's own wall-clock seconds.
+    wall = wall_plan(exp)
     row: dict[str, Any] = {"run_id": run_id, "sweep": exp.name, "repeat": repeat, "status": "running",
                            "reason": "", "started_at": dt.datetime.now(dt.UTC).isoformat(),
-                           "network": exp.net.describe(), **flatten(exp.resolved()), **(extra or {})}
+                           "network": exp.net.describe(), **flatten(exp.resolved()), "time_dilation": wall.k,
+                           **(extra or {})}
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:
-        with Testbed(exp.net, state, exp.host_cpu, exp.tcp.congestion_control) as tb:
+        with Testbed(wall.net, state, exp.host_cpu, exp.tcp.congestion_control) as tb:
             row["bringup_s"] = tb.bringup_s
             _record_machine_changes(run_dir / "meta.json", state)
-            t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
-            row["monitor_t0_wall"] = t0_wall  # wall-clock time of t = 0 in links/qdiscs/cpu tables
+            t0_wall = _execute(tb, exp, run_dir, tables, row, progress, wall)
+            # wall-clock time of t = 0 in links/qdiscs/cpu tables: the one instant both clocks share
+            row["monitor_t0_wall"] = t0_wall
         row["teardown_s"] = getattr(tb, "teardown_s", None)
         iters, summaries, long_tables = _collect(rec_dir, len(exp.roles.workers))
+        iters = table_to_emulated("iterations", iters, wall.k, t0_wall)
+        summaries = [summary_to_emulated(s, wall.k) for s in summaries]
+        long_tables = {name: table_to_emulated(name, df, wall.k, t0_wall) for name, df in long_tables.items()}
         tables["iterations"] = iters
         tables.update(long_tables)
         row.update(summarize(exp, iters, summaries))
@@ -230,8 +255,8 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
         if info:
             write_text(run_dir / "scheduler_info.json", json.dumps(info, indent=1))
             plan = info.get("plan") or {}
-            row.update({f"plan_{k}": plan.get(k) for k in ("rate_bps", "optimum_bps", "of_optimum", "ring_rate_bps")
-                        if k in plan})
+            row.update(rates_to_emulated({f"plan_{k}": plan.get(k) for k in ("rate_bps", "optimum_bps", "of_optimum",
+                                                                              "ring_rate_bps") if k in plan}, wall.k))
             if "plans" in info:   # forest on measured bandwidth: one record per (re-)plan
                 row["plan_count"] = len(info["plans"])
         # Judge fidelity over the measured iterations (start-up imports saturate the CPU
@@ -268,34 +293,39 @@ def _record_machine_changes(meta_path: Path, state: StateDir) -> None:
 
 
 def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.DataFrame], row: dict,
-             progress: Callable[[int], None]) -> float:
-    """Inside the network: monitors, shaping and cross traffic on, roles launched and awaited.
+             progress: Callable[[int], None], wall: WallPlan | None = None) -> float:
+    """Inside the network: monitors, shaping and cross traffic on, roles launched and awaited,
+    all in wall-clock time (`wall`); the monitor tables go into `tables` in emulated time.
     Returns the wall-clock time that the monitors' t = 0 stands for."""
+    wall = wall or wall_plan(exp)
     log_dir, rec_dir, spec_dir = run_dir / "logs", run_dir / "records", run_dir / "roles"
-    directions = [(ln.a, ln.b, ln.ab_mbps) for ln in exp.net.links] + [(ln.b, ln.a, ln.ba_mbps) for ln in exp.net.links]
+    net = wall.net
+    directions = [(ln.a, ln.b, ln.ab_mbps) for ln in net.links] + [(ln.b, ln.a, ln.ba_mbps) for ln in net.links]
     rates = {(a, b): mbps * 1e6 for a, b, mbps in directions}
     monitor = Monitor(counters={f"{a}->{b}": tb.counter(a, b) for a, b, _ in directions},
                       egress={f"{a}->{b}": tb.egress(a, b) for a, b, _ in directions},
-                      rates=rates, interval_s=exp.monitor.interval_s,
-                      qdisc_interval_s=exp.monitor.qdisc_interval_s).start()
-    shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates).start()
-    cross = CrossTraffic(exp.cross_traffic, exp.timeout_s, tb.ip,
+                      rates=rates, interval_s=wall.monitor_interval_s,
+                      qdisc_interval_s=wall.qdisc_interval_s).start()
+    shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates, dilation=wall.k).start()
+    cross = CrossTraffic(wall.flows, wall.timeout_s, tb.ip,
                          lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
     try:
-        roles = role_specs(exp, {h: tb.ip(h) for h in exp.net.hosts}, rec_dir)
+        roles = role_specs(exp, {h: tb.ip(h) for h in net.hosts}, rec_dir, wall)
         env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(exp.workload["threads"])}
         for role, host, spec in roles:
             path = spec_dir / f"{role}.json"
             path.write_text(spec.to_json())
             tb.launch(host, role, [sys.executable, "-m", spec.module, str(path)], log_dir, env=env, cwd=REPO)
-        _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross))
+        _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross), wall=wall)
         return monitor.t0_wall
     finally:
         shaper.stop()
         cross.stop()
-        tables["links"], tables["qdiscs"], tables["cpu"] = monitor.stop()
-        tables["shaping"] = pd.DataFrame(shaper.log, columns=["link", "planned_t", "actual_t", "rate_bps"])
-        row["cross_traffic"] = json.dumps(cross.summary()) if exp.cross_traffic else ""
+        measured_tables = dict(zip(("links", "qdiscs", "cpu"), monitor.stop(), strict=True))
+        measured_tables["shaping"] = pd.DataFrame(shaper.log, columns=["link", "planned_t", "actual_t", "rate_bps"])
+        for name, df in measured_tables.items():   # times relative to t = 0 and rates: no origin needed
+            tables[name] = table_to_emulated(name, df, wall.k)
+        row["cross_traffic"] = json.dumps(cross_to_emulated(cross.summary(), wall.k)) if exp.cross_traffic else ""
 
 
 def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple[float, float] | None

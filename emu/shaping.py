@@ -254,16 +254,28 @@ class LinkShaping(_Strict):
 
 # ---------------------------------------------------------------------------- runtime
 
+def schedule_events(shaping: list[LinkShaping], horizon_s: float, dilation: float = 1.0
+                    ) -> list[tuple[float, tuple[str, str], float]]:
+    """Every rate change of every schedule up to `horizon_s` (emulated seconds), in time order:
+    (t, link direction, bit/s). With time dilation k (emu/dilation.py) the times are k times
+    later and the rates k times lower: the schedule as the wall clock runs it."""
+    k = dilation
+    return sorted((t * k, tuple(s.link), r * 1e6 / k) for s in shaping for t, r in s.schedule.points(horizon_s))
+
+
 class Shaper:
     """Applies every link's schedule on time, in one thread, and logs what it did.
 
     `apply(link, bps)` does the actual change (the testbed's `tc class change`); `rates`
     holds the rate now configured on each link, for the monitor and the fidelity check.
+    `horizon_s` is in the schedules' own (emulated) seconds; `dilation` stretches them into
+    wall-clock time (`schedule_events`), and the log is in wall-clock time.
     """
 
     def __init__(self, shaping: list[LinkShaping], horizon_s: float,
-                 apply: Callable[[tuple[str, str], float], None], rates: dict[tuple[str, str], float]):
-        self.events = sorted((t, tuple(s.link), r * 1e6) for s in shaping for t, r in s.schedule.points(horizon_s))
+                 apply: Callable[[tuple[str, str], float], None], rates: dict[tuple[str, str], float],
+                 dilation: float = 1.0):
+        self.events = schedule_events(shaping, horizon_s, dilation)
         self.apply = apply
         self.rates = rates
         self.log: list[dict] = []

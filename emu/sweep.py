@@ -90,8 +90,9 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
                 rows.append(row)
                 walls.append(row["wall_s"])
                 if row["status"] == "ok":
+                    dilated = f", time dilation {exp.time_dilation:g}" if exp.time_dilation != 1 else ""
                     print(f"{label}: ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
-                          f"wall {row['wall_s']:.1f} s", file=sys.stderr)
+                          f"wall {row['wall_s']:.1f} s{dilated}", file=sys.stderr)
                 else:
                     print(f"{label}: {row['status']}: {row['reason']} (logs: {sweep_dir / rid / 'logs'})",
                           file=sys.stderr)
