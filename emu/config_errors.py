@@ -17,7 +17,10 @@ from emu.topospec import HETEROGENEITY_KINDS, ONE_OR_EACH_FIELDS, ONE_OR_EACH_TA
 
 
 def _num(x: Any) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
+    """A bound as the user would write it: 1000000, not 1e+06."""
+    if isinstance(x, float):
+        return str(int(x)) if x.is_integer() and abs(x) < 1e15 else f"{x:g}"
+    return str(x)
 
 
 def quote(x: Any) -> str:

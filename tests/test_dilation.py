@@ -85,11 +85,12 @@ def test_default_is_1_and_left_out_of_the_resolved_config(tmp_path):
 
 
 def test_run_ids_of_undilated_configs_are_unchanged(tmp_path):
-    """Computed before time_dilation existed: finished sweeps still resume."""
+    """Recorded by runs before time_dilation existed (reference8: results of its 64 Mb/s sweep):
+    finished sweeps still resume."""
     assert experiment(tmp_path, GOOD).run_id(0) == "41845a3d4548"
     ref8 = load_plan(REPO / "configs" / "sweeps" / "reference8.yaml", _sections())
     ids = {e.scheduler: e.run_id(0) for e in ref8.experiments}
-    assert (ids["fifo"], ids["mercury"], ids["gloo"]) == ("48838a8fa5b2", "05aff501b00c", "f8aa8a005268")
+    assert (ids["fifo"], ids["mercury"], ids["gloo"]) == ("bc4c3abc3279", "6908f35c2f45", "0f083a6dc4a6")
     tv = load_plan(REPO / "configs" / "examples" / "time_varying.yaml", _sections())
     assert tv.experiments[0].run_id(0) == "14aa44fd7f17"
     ct = load_plan(REPO / "configs" / "examples" / "cross_traffic.yaml", _sections())
