@@ -110,7 +110,7 @@ def main() -> int:
         print(f"\n{Path(args.config).name}: emulated median iteration per time dilation k "
               f"(ratio: to k = {min(dilations):g}, same scheduler)")
         with pd.option_context("display.width", 200, "display.max_columns", 20):
-            print(table(runs).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+            print(table(runs).to_string(index=False, float_format=lambda v: f"{v:.3f}" if abs(v) < 10 else f"{v:.0f}"))
         failed = runs[runs["status"] != "ok"]
         for _, r in failed.iterrows():
             print(f"k={r['time_dilation']:g} {r['scheduler']}: {r['status']}: {r['reason']}")

@@ -140,9 +140,11 @@ def test_shipped_dilated_example(tmp_path):
     plan = load_plan(REPO / "configs" / "examples" / "dilated32.yaml", _sections())
     exp = plan.experiments[0]
     assert exp.time_dilation == 4 and len(exp.roles.workers) == 32 and exp.roles.servers == ["ps"]
-    assert {e.scheduler for e in plan.experiments} == {"fifo", "mercury"}
+    assert {e.scheduler for e in plan.experiments} == {"fifo", "mercury", "ring", "gloo"}
+    assert all(len(e.roles.workers) == 32 for e in plan.experiments)
     wall = wall_plan(exp)
-    assert exp.net.rate("ps", "s1") <= 4000 and wall.net.rate("ps", "s1") <= 1000
+    # the server's link on the testbed at most what a parameter server's CPU carries here
+    assert exp.net.rate("ps", "s1") == 2048 and wall.net.rate("ps", "s1") == 512
 
 
 # ---------------------------------------------------------------------------- the run in wall-clock time
