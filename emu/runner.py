@@ -30,11 +30,12 @@ from contracts.iterations import measured
 from contracts.role_spec import Address, RoleSpec
 from contracts.role_spec import role_specs as build_role_specs
 from emu.cleanup import StateDir
-from emu.config import Experiment
+from emu.config import NETLINK_QDISC_INTERVAL_S, Experiment
 from emu.crosstraffic import CrossTraffic
 from emu.fidelity import verdict
 from emu.machine import RUN_LIMITS, read_sysctl
 from emu.monitor import Monitor
+from emu.netlink import NetlinkError
 from emu.network import NetworkError, Testbed
 from emu.results import flatten, record_run, write_parquet, write_text
 from emu.shaping import Shaper
@@ -215,7 +216,9 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:
-        with Testbed(exp.net, state, exp.host_cpu, exp.tcp.congestion_control) as tb:
+        backend = exp.monitor_backend()
+        row["monitor_backend"] = backend
+        with Testbed(exp.net, state, exp.host_cpu, exp.tcp.congestion_control, netlink=backend == "netlink") as tb:
             row["bringup_s"] = tb.bringup_s
             _record_machine_changes(run_dir / "meta.json", state)
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
@@ -274,10 +277,20 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
     log_dir, rec_dir, spec_dir = run_dir / "logs", run_dir / "records", run_dir / "roles"
     directions = [(ln.a, ln.b, ln.ab_mbps) for ln in exp.net.links] + [(ln.b, ln.a, ln.ba_mbps) for ln in exp.net.links]
     rates = {(a, b): mbps * 1e6 for a, b, mbps in directions}
+    backend = row["monitor_backend"]
+    qdisc_interval_s = exp.monitor.qdisc_interval_s if backend == "tc" else \
+        exp.monitor.netlink_qdisc_interval_s or NETLINK_QDISC_INTERVAL_S
+    row["monitor_qdisc_interval_s"] = qdisc_interval_s
     monitor = Monitor(counters={f"{a}->{b}": tb.counter(a, b) for a, b, _ in directions},
                       egress={f"{a}->{b}": tb.egress(a, b) for a, b, _ in directions},
-                      rates=rates, interval_s=exp.monitor.interval_s,
-                      qdisc_interval_s=exp.monitor.qdisc_interval_s).start()
+                      rates=rates, interval_s=exp.monitor.interval_s, qdisc_interval_s=qdisc_interval_s,
+                      backend=backend)
+    for s in exp.shaping:
+        tb.prepare_rate(tuple(s.link))
+    try:
+        monitor.start()
+    except NetlinkError as e:
+        raise NetworkError(f"monitor (netlink): {e}") from None
     shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates).start()
     cross = CrossTraffic(exp.cross_traffic, exp.timeout_s, tb.ip,
                          lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
