@@ -121,7 +121,7 @@ class Monitor:
         """Queues every qdisc_interval_s, then (when due) counters and CPU every interval_s, on
         one clock from t0; a tick that comes late is taken once, not caught up."""
         nl = self._sampler
-        last = nl.counters()
+        last = {label: (v, self.t0) for label, v in nl.counters().items()}  # label -> (counter, when read)
         last_t, (last_idle, last_total), last_self = self.t0, _cpu_times(), _self_cpu()
         q_every = self.qdisc_interval_s if self.egress else math.inf
         next_q, next_l = self.t0 + q_every, self.t0 + self.interval_s
@@ -137,13 +137,12 @@ class Monitor:
                 continue
             now = time.monotonic()  # before the counters are read
             dt = now - last_t
-            cur = nl.counters()
-            for label in self.counters:
-                if label in cur and label in last:
+            for label, v in nl.counters().items():  # a failed read leaves labels out, not wrong
+                if label in last:
                     src, dst = label.split("->")
-                    self.link_rows.append((label, now - self.t0, (cur[label] - last[label]) / dt,
+                    self.link_rows.append((label, now - self.t0, (v - last[label][0]) / (now - last[label][1]),
                                            self.rates[(src, dst)]))
-            last = {**last, **cur}
+                last[label] = (v, now)
             idle, total = _cpu_times()
             me = _self_cpu()
             self.cpu_rows.append((now - self.t0, (idle - last_idle) / max(total - last_total, 1e-9),

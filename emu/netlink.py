@@ -54,10 +54,13 @@ IFLA_STATS_LINK_64 = 1
 TC_LINKLAYER_ETHERNET = 1
 
 _HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+_HDR_HEAD = struct.Struct("=IH")  # its len and type
 _ATTR = struct.Struct("=HH")  # nlattr: len, type
 _TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
 _IFSTATS = struct.Struct("=BxxxiI")  # if_stats_msg: family, ifindex, filter_mask
 _QUEUE = struct.Struct("=IIIII")  # gnet_stats_queue: qlen, backlog, drops, requeues, overlimits
+_QUEUE3 = struct.Struct("=III")  # its qlen, backlog, drops
+_IFINDEX = struct.Struct("=4xi")  # the ifindex of a tcmsg or an if_stats_msg
 _BASIC = struct.Struct("=QI")  # gnet_stats_basic: bytes, packets
 _LINK64 = struct.Struct("=QQQQ")  # rtnl_link_stats64: rx_packets, tx_packets, rx_bytes, tx_bytes, ...
 _ERR = struct.Struct("=i")
@@ -206,6 +209,42 @@ def parse_qdisc(buf, start: int, end: int) -> QdiscStats:
             break
         off += (alen + 3) & ~3
     return QdiscStats(ifindex, handle, parent, backlog, drops, qlen, nbytes, packets)
+
+
+def _queue_offset(buf, start: int, end: int) -> int | None:
+    """Where TCA_STATS2's gnet_stats_queue starts in an RTM_NEWQDISC payload (None: absent)."""
+    off = start + _TCMSG.size
+    while off + 4 <= end:
+        alen, atype = _ATTR.unpack_from(buf, off)
+        if alen < 4:
+            return None
+        if atype & NLA_TYPE_MASK == TCA_STATS2:
+            inner, stop = off + 4, min(off + alen, end)
+            while inner + 4 <= stop:
+                blen, btype = _ATTR.unpack_from(buf, inner)
+                if blen < 4:
+                    return None
+                if btype & NLA_TYPE_MASK == TCA_STATS_QUEUE and blen >= 4 + _QUEUE.size:
+                    return inner + 4
+                inner += (blen + 3) & ~3
+            return None
+        off += (alen + 3) & ~3
+    return None
+
+
+def queue_stats(buf, start: int, end: int, cache: dict[int, int]) -> tuple[int, int, int]:
+    """(ifindex, backlog bytes, drops) of an RTM_NEWQDISC payload, as parse_qdisc reads them.
+    The kernel words every reply about the same qdisc alike, so where a payload of this
+    length had its queue counters is remembered (`cache`) and tried first, checked by the
+    attribute header in front of it."""
+    at = cache.get(end - start)
+    if at is None or _ATTR.unpack_from(buf, start + at - 4) != (4 + _QUEUE.size, TCA_STATS_QUEUE):
+        found = _queue_offset(buf, start, end)
+        if found is None:
+            return _IFINDEX.unpack_from(buf, start)[0], 0, 0
+        at = cache[end - start] = found - start
+    _, backlog, drops = _QUEUE3.unpack_from(buf, start + at)
+    return _IFINDEX.unpack_from(buf, start)[0], backlog, drops
 
 
 def parse_link_stats(buf, start: int, end: int) -> tuple[int, int, int] | None:
@@ -403,26 +442,30 @@ class Sampler:
         for label, (intf, direction) in counters.items():
             self._counters.setdefault(self._socks[None][1][intf], []).append((label, direction == "tx"))
         self._dump = dump_socket if dump_socket is not None or not counters else _new_socket()
+        self._queue_at: dict[int, int] = {}
         self._dump_request = link_stats_request()
 
     def qdiscs(self, rows: list, t0: float, now=time.monotonic) -> None:
         """Appends (label, t - t0, read_s, backlog bytes, drops) per shaped interface: one
         exchange per namespace, timed (the snapshot lies within [t - read_s, t])."""
-        buf = self._buf
+        buf, cache = self._buf, self._queue_at
         for sock, request, expect, labels in self._queries:
-            got: list[QdiscStats | None] = []
+            got: list[tuple[int, int, int] | None] = []
             before = now()
             try:
                 sock.send(request)
                 while len(got) < expect:
                     n = _recv(sock, buf)
-                    for m in messages(buf, n):
-                        if m.type == RTM_NEWQDISC:
-                            q = parse_qdisc(buf, m.start, m.end)
-                            if q.parent == TC_H_ROOT:
-                                got.append(q)
-                        elif m.type == NLMSG_ERROR:
+                    off = 0
+                    while off + _HDR.size <= n:  # messages(), inlined: this runs 3,000 times a second
+                        length, mtype = _HDR_HEAD.unpack_from(buf, off)
+                        if length < _HDR.size or off + length > n:
+                            break
+                        if mtype == RTM_NEWQDISC:
+                            got.append(queue_stats(buf, off + _HDR.size, off + length, cache))
+                        elif mtype == NLMSG_ERROR:
                             got.append(None)  # this interface is gone; its peers still count
+                        off += (length + 3) & ~3
             except OSError:
                 drain(sock, buf)
                 continue
@@ -430,8 +473,8 @@ class Sampler:
             t, read_s = after - t0, after - before
             for q in got:
                 if q is not None:
-                    for label in labels.get(q.ifindex, ()):
-                        rows.append((label, t, read_s, q.backlog, q.drops))
+                    for label in labels.get(q[0], ()):
+                        rows.append((label, t, read_s, q[1], q[2]))
 
     def counters(self) -> dict[str, int]:
         """label -> the byte counter now (root namespace, one dump)."""
@@ -446,8 +489,10 @@ class Sampler:
                 done = False
                 for m in messages(buf, n):
                     if m.type == RTM_NEWSTATS:
+                        if _IFINDEX.unpack_from(buf, m.start)[0] not in want:
+                            continue  # the machine's other interfaces
                         got = parse_link_stats(buf, m.start, m.end)
-                        if got is not None and got[0] in want:
+                        if got is not None:
                             for label, is_tx in want[got[0]]:
                                 out[label] = got[2] if is_tx else got[1]
                     elif m.type in (NLMSG_DONE, NLMSG_ERROR):

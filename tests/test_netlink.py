@@ -75,8 +75,27 @@ def test_qdisc_reply_parses_as_pyroute2_decodes_it(nested_flag):
     m = first(data)
     assert (m.type, m.start, m.end) == (netlink.RTM_NEWQDISC, 16, len(data))
     q = netlink.parse_qdisc(data, m.start, m.end)
-    assert (q.ifindex, q.parent, q.backlog, q.drops) == pyroute2_qdisc(data) == (7, netlink.TC_H_ROOT, 150_000, 12)
+    assert (q.ifindex, q.parent, q.backlog, q.drops) == (7, netlink.TC_H_ROOT, 150_000, 12)
     assert (q.qlen, q.bytes, q.packets, q.handle) == (3, 123_456_789_012, 4321, 0x50000)
+    if not nested_flag:  # the kernel sends TCA_STATS2 without the flag; the parser takes either
+        assert pyroute2_qdisc(data) == (7, netlink.TC_H_ROOT, 150_000, 12)
+
+
+def test_the_monitors_fast_read_agrees_with_the_full_parse_and_checks_its_shortcut():
+    cache: dict[int, int] = {}
+    for data in (qdisc_reply(3, 5_000, 2), qdisc_reply(4, 70_000, 9, nested_flag=True)):
+        m = first(data)
+        full = netlink.parse_qdisc(data, m.start, m.end)
+        assert netlink.queue_stats(data, m.start, m.end, cache) == (full.ifindex, full.backlog, full.drops)
+    assert len(cache) == 1  # one layout seen, remembered
+    # Same length, another layout (queue before rate_est): the remembered place is checked, not trusted.
+    rate_est, queue = nla(2, struct.pack("=II", 0, 0)), nla(3, struct.pack("=IIIII", 3, 8_888, 1, 0, 7))
+    other = qdisc_reply(5, 8_888, 1).replace(rate_est + queue, queue + rate_est)
+    m = first(other)
+    assert len(other) == len(qdisc_reply(3, 5_000, 2))
+    assert netlink.queue_stats(other, m.start, m.end, cache) == (5, 8_888, 1)
+    no_stats = struct.pack("=BxxxiIII", 0, 6, 0, 0, 0)
+    assert netlink.queue_stats(no_stats, 0, len(no_stats), {}) == (6, 0, 0)
 
 
 def test_link_stats_parse_as_pyroute2_decodes_them():
