@@ -217,6 +217,16 @@ def checks() -> list[Check]:
                      "needed only for host_cpu; one group per limited host, recorded and removed with the network"
                      + ("" if not missing else f"; fix: mount -t cgroup -o {missing[0]} {missing[0]} "
                         f"{CGROUP_ROOT}/{missing[0]}")))
+    from emu.netlink import available
+    why = available()
+    try:
+        from importlib.metadata import version
+        have = f"pyroute2 {version('pyroute2')}"
+    except Exception:  # noqa: BLE001 - not installed
+        have = "pyroute2 missing"
+    out.append(Check("python", "netlink monitor (pyroute2)", True, have + ("" if why is None else
+                     f"; {why}"), "the monitor and rate changes use netlink in the hosts' namespaces (100 Hz "
+                     "queues); without it a run falls back to a tc process per sample (monitor.backend: tc)"))
     state_root = Path(os.environ.get("SCHEDLAB_STATE_DIR", "/run/schedlab"))
     parent = state_root if state_root.exists() else state_root.parent
     writable = os.access(parent, os.W_OK)

@@ -43,6 +43,7 @@ from emu.topospec import MAX_GRAPH_NODES, NetSpec, Topology
 
 # A run holds the machine's one emulated network; a week is beyond any experiment here.
 MAX_TIMEOUT_S = 7 * 24 * 3600
+NETLINK_QDISC_INTERVAL_S = 0.01  # the netlink monitor's queue sampling when the config leaves it unset
 # Each flow is an iperf3 server and client with its own port from 5201.
 MAX_FLOWS = 256
 # netem's delay of a link (topospec.LinkOptions.delay_ms), also once dilated.
@@ -114,10 +115,21 @@ class Roles(Strict):
 
 
 class MonitorConfig(Strict):
+    """What the monitors sample, and how often (emu/monitor.py). The two new keys default to
+    None, so configs that leave them out keep their run ids."""
+
     interval_s: float = Field(default=0.1, ge=0.001, le=0.1,
                               description="link counters and CPU: 10 Hz or better")
     qdisc_interval_s: float = Field(default=0.1, ge=0.001, le=10,
-                                    description="qdisc backlog/drops; costs one tc call per host each time")
+                                    description="qdisc backlog/drops with the tc backend; costs one tc call per "
+                                                "host each time")
+    backend: Literal["netlink", "tc"] | None = Field(
+        default=None, description="netlink: counters, queues and rate changes through netlink sockets in the hosts' "
+                                  "namespaces; tc: a tc process per namespace and sample, sysfs counters, tc class "
+                                  "change; unset: netlink where pyroute2 is installed and the harness is root")
+    netlink_qdisc_interval_s: float | None = Field(
+        default=None, ge=0.001, le=10,
+        description=f"qdisc backlog/drops with the netlink backend (unset: {NETLINK_QDISC_INTERVAL_S} s, 100 Hz)")
 
 
 class TcpConfig(Strict):
@@ -244,6 +256,13 @@ class Experiment(Strict):
         d = self.model_dump(mode="json")
         d["schedulers"] = {self.scheduler: self.scheduler_params}
         return d
+
+    def monitor_backend(self) -> str:
+        """The backend this run uses: the configured one, else netlink where it can run here."""
+        if self.monitor.backend is not None:
+            return self.monitor.backend
+        from emu.netlink import available
+        return "netlink" if available() is None else "tc"
 
     def run_id(self, repeat: int) -> str:
         """Hash of the resolved config and the repeat. Unused optional features (empty or

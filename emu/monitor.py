@@ -1,16 +1,27 @@
 """Monitors of one run: link byte rates, qdisc backlog and drops, and CPU.
 
-- Byte rates of every link direction come from kernel counters of its root-namespace end
-  (/sys/class/net/*/statistics), every `interval_s` (10 Hz by default): cheap file reads.
-- Backlog and drops of each direction's shaping qdisc come from `tc -s -j qdisc show`,
-  one call per network namespace every `qdisc_interval_s`: host-side qdiscs live in the
-  hosts' namespaces, so this costs one short process per host per sample.
-- CPU: the machine's idle fraction (/proc/stat) and the orchestrator's own CPU use
-  (/proc/self/stat, all its threads), per interval.
+Two backends read the same things into the same tables (`backend`, the config's
+`monitor.backend`; the run's row says which one ran):
+
+- `netlink` (emu/netlink.py): one thread and one netlink socket per namespace, opened once.
+  Every `qdisc_interval_s` (100 Hz by default, `monitor.netlink_qdisc_interval_s`) it asks
+  each namespace for the root qdisc of its shaped interfaces; every `interval_s` (10 Hz) it
+  reads every link counter of the root namespace in one dump, and the CPU. Queues are read
+  first in a tick, so a snapshot always precedes the counter read that starts an interval.
+- `tc` (the fallback, and the benchmark's baseline): link counters from
+  /sys/class/net/*/statistics every `interval_s`, and `tc -s -j qdisc show`, one process
+  per namespace, every `qdisc_interval_s`, in a thread of its own.
+
+Byte rates of every link direction come from kernel counters of its root-namespace end;
+backlog and drops from each direction's shaping (htb root) qdisc, each row with how long
+the read took (the snapshot lies in [t - read_s, t]). CPU: the machine's idle fraction
+(/proc/stat) and the orchestrator's own CPU use (/proc/self/stat, all its threads), per
+`interval_s`.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import threading
@@ -29,16 +40,28 @@ def _cpu_times() -> tuple[float, float]:
     return v[3] + v[4], sum(v[:8])
 
 
+def _next_tick(t0: float, every: float, now: float) -> float:
+    """The first tick of the grid t0 + k x every after now."""
+    return t0 + (math.floor((now - t0) / every) + 1) * every
+
+
 def _self_cpu() -> float:
     st = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
     return (int(st[11]) + int(st[12])) / TICK
 
 
+BACKENDS = ("netlink", "tc")
+
+
 class Monitor:
     def __init__(self, counters: dict[str, tuple[str, str]], egress: dict[str, tuple[str, int | None]],
-                 rates: dict[tuple[str, str], float], interval_s: float = 0.1, qdisc_interval_s: float = 0.1):
+                 rates: dict[tuple[str, str], float], interval_s: float = 0.1, qdisc_interval_s: float = 0.1,
+                 backend: str = "tc"):
         """counters: label -> (root-ns interface, 'tx'|'rx'); egress: label -> (interface, ns pid);
         rates: (src, dst) -> configured bit/s now (updated by the shaper)."""
+        if backend not in BACKENDS:
+            raise ValueError(f"monitor backend {backend!r}: one of {', '.join(BACKENDS)}")
+        self.backend = backend
         self.counters = counters
         self.egress = egress
         self.rates = rates
@@ -48,7 +71,9 @@ class Monitor:
         self.qdisc_rows: list[tuple] = []
         self.cpu_rows: list[tuple] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
+        self._sampler = None
+        self._thread = threading.Thread(target=self._run if backend == "tc" else self._run_netlink, name="monitor",
+                                        daemon=True)
         self._qthread = threading.Thread(target=self._run_qdiscs, name="qdisc-monitor", daemon=True)
 
     def _read(self, intf: str, direction: str) -> int:
@@ -92,11 +117,49 @@ class Monitor:
                 except (subprocess.SubprocessError, ValueError, OSError):
                     continue
 
+    def _run_netlink(self) -> None:
+        """Queues every qdisc_interval_s, then (when due) counters and CPU every interval_s, on
+        one clock from t0; a tick that comes late is taken once, not caught up."""
+        nl = self._sampler
+        last = {label: (v, self.t0) for label, v in nl.counters().items()}  # label -> (counter, when read)
+        last_t, (last_idle, last_total), last_self = self.t0, _cpu_times(), _self_cpu()
+        q_every = self.qdisc_interval_s if self.egress else math.inf
+        next_q, next_l = self.t0 + q_every, self.t0 + self.interval_s
+        while not self._stop.wait(max(0.0, min(next_q, next_l) - time.monotonic())):
+            now = time.monotonic()
+            links_due = now >= next_l
+            # Queues are read just before the counters whenever their tick is near, so that
+            # each counter interval starts after a snapshot (emu/fidelity.py).
+            if now >= next_q or (links_due and next_q - now < q_every / 2):
+                nl.qdiscs(self.qdisc_rows, self.t0)
+                next_q = _next_tick(self.t0, q_every, now)
+            if not links_due:
+                continue
+            now = time.monotonic()  # before the counters are read
+            dt = now - last_t
+            for label, v in nl.counters().items():  # a failed read leaves labels out, not wrong
+                if label in last:
+                    src, dst = label.split("->")
+                    self.link_rows.append((label, now - self.t0, (v - last[label][0]) / (now - last[label][1]),
+                                           self.rates[(src, dst)]))
+                last[label] = (v, now)
+            idle, total = _cpu_times()
+            me = _self_cpu()
+            self.cpu_rows.append((now - self.t0, (idle - last_idle) / max(total - last_total, 1e-9),
+                                  (me - last_self) / dt))
+            last_t, last_idle, last_total, last_self = now, idle, total, me
+            next_l = _next_tick(self.t0, self.interval_s, now)
+
     def start(self) -> Monitor:
+        """Starts sampling; with the netlink backend, opens its sockets first (NetlinkError if
+        a namespace or interface cannot be opened)."""
+        if self.backend == "netlink":
+            from emu.netlink import Sampler
+            self._sampler = Sampler(self.egress, self.counters)
         self.t0 = time.monotonic()
         self.t0_wall = time.time()
         self._thread.start()
-        if self.egress:
+        if self.egress and self.backend == "tc":
             self._qthread.start()
         return self
 
@@ -106,6 +169,8 @@ class Monitor:
         self._thread.join(2)
         if self._qthread.is_alive():
             self._qthread.join(3)
+        if self._sampler is not None and not self._thread.is_alive():
+            self._sampler.close()  # its sockets hold the hosts' namespaces
         links = pd.DataFrame(self.link_rows, columns=["link", "t", "tx_bytes_per_s", "configured_bps"])
         qdiscs = pd.DataFrame(self.qdisc_rows, columns=["link", "t", "read_s", "backlog_bytes", "drops"])
         cpu = pd.DataFrame(self.cpu_rows, columns=["t", "cpu_idle", "harness_cpu"])

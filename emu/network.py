@@ -26,6 +26,7 @@ from mininet.nodelib import LinuxBridge
 
 from emu import capabilities, machine, tc
 from emu.cleanup import StateDir, kill_group, start_time
+from emu.netlink import HtbRates, NetlinkError
 from emu.topology import mininet_topo
 from emu.topospec import NetSpec
 
@@ -66,8 +67,10 @@ class Testbed:
     __test__ = False  # not a pytest class, despite the name
 
     def __init__(self, spec: NetSpec, state: StateDir, host_cpu: dict[str, float] | None = None,
-                 tcp_congestion_control: str | None = "cubic"):
-        """tcp_congestion_control: set in every host's namespace (None: inherit the machine's)."""
+                 tcp_congestion_control: str | None = "cubic", netlink: bool = False):
+        """tcp_congestion_control: set in every host's namespace (None: inherit the machine's).
+        netlink: change rates through netlink sockets in the namespaces (emu/netlink.py), not
+        a `tc class change` process each."""
         self.spec = spec
         self.state = state
         self.host_cpu = host_cpu or {}
@@ -76,6 +79,9 @@ class Testbed:
         self.roles: dict[str, subprocess.Popen] = {}
         self.aux: dict[str, subprocess.Popen] = {}
         self._logs: list[IO] = []
+        self._htb = None
+        if netlink:
+            self._htb = HtbRates()
 
     # ------------------------------------------------------------------ bring-up
     def __enter__(self) -> Testbed:
@@ -224,8 +230,24 @@ class Testbed:
         return self._intf(dst, src).name, "rx"
 
     def set_rate(self, link: tuple[str, str], bps: float) -> None:
+        """The htb rate of one link direction (class 5:1 changed in place: its queue is kept)."""
         dev, ns = self.egress(*link)
-        tc.run(tc.change_command(dev, bps), ns)
+        if self._htb is not None:
+            try:
+                self._htb.set(dev, ns, bps)
+            except NetlinkError as e:
+                raise NetworkError(f"rate of {link[0]}->{link[1]}: {e}") from None
+        else:
+            tc.run(tc.change_command(dev, bps), ns)
+
+    def prepare_rate(self, link: tuple[str, str]) -> None:
+        """Opens what `set_rate` will use for this link direction now, so its first change is
+        not late (netlink: the namespace's socket)."""
+        if self._htb is not None:
+            try:
+                self._htb.prepare(*self.egress(*link))
+            except NetlinkError as e:
+                raise NetworkError(f"rate of {link[0]}->{link[1]}: {e}") from None
 
     # ------------------------------------------------------------------ roles
     def launch(self, host: str, role: str, argv: Sequence[str], log_dir: Path,
@@ -263,6 +285,8 @@ class Testbed:
                     pass
             for f in self._logs:
                 f.close()
+            if self._htb is not None:
+                self._htb.close()  # its sockets would keep the hosts' namespaces alive
             if self.net is not None:
                 t0 = time.monotonic()
                 try:

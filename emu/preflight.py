@@ -4,7 +4,8 @@ Parsing (emu/plan.py, emu/config.py) looks at the config only, so a config has o
 and one set of run ids on every machine, and a plan made on a laptop can be checked, sharded
 and merged anywhere. What the kernel offers is checked here, as a separate step after parsing
 and still before anything is created: the congestion control of `tcp:`, the netem qdisc for
-links with delay_ms or loss_pct, and the cgroup cpu controller for `host_cpu`. Each probe
+links with delay_ms or loss_pct, the cgroup cpu controller for `host_cpu`, and pyroute2 and
+root for `monitor.backend: netlink`. Each probe
 runs at most once per check, however many experiments share the need.
 """
 from __future__ import annotations
@@ -25,6 +26,14 @@ class _Machine:
         self._cc: list[str] | None = None
         self._cpu: bool | None = None
         self._netem: bool | None = None
+        self._netlink: str | None | bool = False  # False: not probed yet
+
+    def netlink(self) -> str | None:
+        """Why the netlink monitor backend cannot run here, or None."""
+        if self._netlink is False:
+            from emu.netlink import available
+            self._netlink = available()
+        return self._netlink
 
     def congestion_controls(self) -> list[str]:
         if self._cc is None:
@@ -51,6 +60,8 @@ def _refusal(exp: Experiment, machine: _Machine) -> str | None:
                 f"it has: {', '.join(have)}")
     if exp.host_cpu and not machine.cpu_controller():
         return "host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
+    if exp.monitor.backend == "netlink" and (why := machine.netlink()) is not None:
+        return f"monitor.backend: netlink: {why} (or set monitor.backend: tc)"
     netem = exp.net.needs_netem()
     if netem and not machine.netem():
         ln = exp.net.links[netem[0]]

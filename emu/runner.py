@@ -30,7 +30,7 @@ from contracts.iterations import measured
 from contracts.role_spec import Address, RoleSpec
 from contracts.role_spec import role_specs as build_role_specs
 from emu.cleanup import StateDir
-from emu.config import Experiment
+from emu.config import NETLINK_QDISC_INTERVAL_S, Experiment
 from emu.crosstraffic import CrossTraffic
 from emu.dilation import (
     WallPlan,
@@ -43,6 +43,7 @@ from emu.dilation import (
 from emu.fidelity import verdict
 from emu.machine import RUN_LIMITS, read_sysctl
 from emu.monitor import Monitor
+from emu.netlink import NetlinkError
 from emu.network import NetworkError, Testbed
 from emu.results import flatten, record_run, write_parquet, write_text
 from emu.shaping import Shaper
@@ -236,7 +237,9 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:
-        with Testbed(wall.net, state, exp.host_cpu, exp.tcp.congestion_control) as tb:
+        backend = exp.monitor_backend()
+        row["monitor_backend"] = backend
+        with Testbed(wall.net, state, exp.host_cpu, exp.tcp.congestion_control, netlink=backend == "netlink") as tb:
             row["bringup_s"] = tb.bringup_s
             _record_machine_changes(run_dir / "meta.json", state)
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress, wall)
@@ -302,10 +305,21 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
     net = wall.net
     directions = [(ln.a, ln.b, ln.ab_mbps) for ln in net.links] + [(ln.b, ln.a, ln.ba_mbps) for ln in net.links]
     rates = {(a, b): mbps * 1e6 for a, b, mbps in directions}
+    backend = row["monitor_backend"]
+    # in emulated time (the row's unit); the monitor samples k times less often in wall time
+    qdisc_interval_s = exp.monitor.qdisc_interval_s if backend == "tc" else \
+        exp.monitor.netlink_qdisc_interval_s or NETLINK_QDISC_INTERVAL_S
+    row["monitor_qdisc_interval_s"] = qdisc_interval_s
     monitor = Monitor(counters={f"{a}->{b}": tb.counter(a, b) for a, b, _ in directions},
                       egress={f"{a}->{b}": tb.egress(a, b) for a, b, _ in directions},
                       rates=rates, interval_s=wall.monitor_interval_s,
-                      qdisc_interval_s=wall.qdisc_interval_s).start()
+                      qdisc_interval_s=qdisc_interval_s * wall.k, backend=backend)
+    for s in exp.shaping:
+        tb.prepare_rate(tuple(s.link))
+    try:
+        monitor.start()
+    except NetlinkError as e:
+        raise NetworkError(f"monitor (netlink): {e}") from None
     shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates, dilation=wall.k).start()
     cross = CrossTraffic(wall.flows, wall.timeout_s, tb.ip,
                          lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()

@@ -18,14 +18,23 @@ HANDLE = "5:"
 CLASS = "5:1"
 
 
+def rate_bits(rate_bps: float) -> int:
+    """The rate set, in bit/s: htb's minimum is 8 (a rate of 0 is an outage)."""
+    return max(int(rate_bps), 8)
+
+
+def burst_bytes(rate_bps: float) -> int:
+    """1 ms of traffic, at least ten full-size frames: enough for htb to reach high rates
+    without letting more than a millisecond's worth through above the rate."""
+    return max(int(rate_bps / 8 * 1e-3), 15140)
+
+
 def _bits(rate_bps: float) -> str:
-    return f"{max(int(rate_bps), 8)}bit"
+    return f"{rate_bits(rate_bps)}bit"
 
 
 def _burst(rate_bps: float) -> str:
-    # 1 ms of traffic, at least ten full-size frames: enough for htb to reach high rates
-    # without letting more than a millisecond's worth through above the rate.
-    return f"{max(int(rate_bps / 8 * 1e-3), 15140)}b"
+    return f"{burst_bytes(rate_bps)}b"
 
 
 # htb's default quantum (rate / r2q) is "big" above ~2 Mb/s and triggers warnings; one MTU
