@@ -30,6 +30,7 @@ from emu.crosstraffic import Flow
 from emu.placement import best_server
 from emu.shaping import MAX_RATE_CHANGES, LinkShaping
 from emu.topospec import MAX_GRAPH_NODES, NetSpec, Topology
+from emu.watchdog import WatchdogConfig
 
 # A run holds the machine's one emulated network; a week is beyond any experiment here.
 MAX_TIMEOUT_S = 7 * 24 * 3600
@@ -148,6 +149,9 @@ class Experiment(Strict):
     monitor: MonitorConfig = MonitorConfig()
     tcp: TcpConfig = TcpConfig()
     fidelity: FidelityConfig = FidelityConfig()
+    # None, not WatchdogConfig(): unset, it stays out of the run id (see run_id)
+    watchdog: WatchdogConfig | None = Field(
+        default=None, description="the stall window (emu/watchdog.py); unset: derived from the run")
     roles: Roles
     workload: dict[str, Any]
     scheduler: str

@@ -227,6 +227,28 @@ class Testbed:
         dev, ns = self.egress(*link)
         tc.run(tc.change_command(dev, bps), ns)
 
+    # ------------------------------------------------------------------ link state
+    def _link_ends(self, a: str, b: str) -> list[tuple[str, int | None]]:
+        """The interfaces of link a-b whose state is the link's: those in the root namespace
+        (a switch's port; both ends of a link between switches), else a's end in its host."""
+        ends = [(self._intf(n, p).name, None) for n, p in ((a, b), (b, a)) if not self.net.get(n).inNamespace]
+        return ends or [(self._intf(a, b).name, self.net.get(a).pid)]
+
+    def link_is_up(self, a: str, b: str) -> bool:
+        """Whether link a-b carries traffic, from the operstate of its root-namespace end(s)."""
+        for dev, ns in self._link_ends(a, b):
+            if ns is not None:
+                return True   # not visible from here; such links are not built (hosts hang off switches)
+            try:
+                if Path(f"/sys/class/net/{dev}/operstate").read_text().strip() != "up":
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def down_links(self) -> list[str]:
+        return [f"{ln.a}-{ln.b}" for ln in self.spec.links if not self.link_is_up(ln.a, ln.b)]
+
     # ------------------------------------------------------------------ roles
     def launch(self, host: str, role: str, argv: Sequence[str], log_dir: Path,
                env: dict[str, str] | None = None, cwd: Path | None = None, aux: bool = False) -> subprocess.Popen:

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from contracts import progress as role_progress
 from contracts import tx_frames
 from contracts.iterations import measured
 from contracts.role_spec import Address, RoleSpec
@@ -39,6 +40,8 @@ from emu.network import NetworkError, Testbed
 from emu.results import flatten, record_run, write_parquet, write_text
 from emu.shaping import Shaper
 from emu.topology import capacity_graph, graph_to_json
+from emu.watchdog import Evidence, Peers, Stall, Watchdog, proc_state
+from emu.watchdog import reason as stall_reason
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_PORT = 29500  # server i listens on SERVER_PORT + i
@@ -110,8 +113,19 @@ def _exit_reason(role: str, host: str, rc: int, log_dir: Path) -> str:
     return f"{role} on {host} {how}" + (f": {last}" if last else "")
 
 
+def _evidence(tb: Testbed, stall: Stall) -> Evidence:
+    """What the runner can see of a stall: the roles' process states and the links that are down."""
+    return Evidence(wall_now=time.time(), proc_state={r: proc_state(tb.roles[r].pid) for r in stall.reports},
+                    down_links=tb.down_links())
+
+
 def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Experiment, log_dir: Path,
-                    rec_dir: Path, progress: Callable[[int], None], background=()) -> None:
+                    rec_dir: Path, progress: Callable[[int], None], background=(),
+                    watchdog: Watchdog | None = None,
+                    evidence: Callable[[Stall], Evidence] | None = None) -> None:
+    """Until every role has exited 0; a RunFailed naming the cause otherwise: a background
+    helper's error, a role's death, roles outliving the workers, `timeout_s`, or a stall
+    (`watchdog`, emu/watchdog.py; `evidence` says what is known about it)."""
     deadline = time.monotonic() + exp.timeout_s
     workers_done_at = None
     host_of = {r: h for r, h, _ in roles}
@@ -143,6 +157,11 @@ def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Ex
                 p = rec_dir / f"{r}.progress"
                 done.append(f"{r} at {p.read_text() if p.exists() else 0}/{iterations}")
             raise RunFailed(f"timed out after {exp.timeout_s:g} s (timeout_s); {', '.join(done)}")
+        if watchdog is not None:
+            stall = watchdog.poll(time.monotonic(), [r for r, rc in codes.items() if rc is None])
+            if stall is not None:
+                ev = evidence(stall) if evidence is not None else Evidence(wall_now=time.time())
+                raise RunFailed(stall_reason(stall, ev, watchdog.peers, iterations)[1])
         least = iterations
         for r in workers:
             try:
@@ -281,6 +300,7 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
     shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates).start()
     cross = CrossTraffic(exp.cross_traffic, exp.timeout_s, tb.ip,
                          lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
+    watchdog = None
     try:
         roles = role_specs(exp, {h: tb.ip(h) for h in exp.net.hosts}, rec_dir)
         env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(exp.workload["threads"])}
@@ -288,14 +308,35 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
             path = spec_dir / f"{role}.json"
             path.write_text(spec.to_json())
             tb.launch(host, role, [sys.executable, "-m", spec.module, str(path)], log_dir, env=env, cwd=REPO)
-        _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross))
+        t_roles = time.monotonic()
+        row["roles_t0_wall"] = time.time()   # t = 0 of failed_at_s (and of faults.parquet)
+        watchdog = _watchdog(exp, roles, {h: tb.ip(h) for h in exp.net.hosts}, rec_dir, t_roles)
+        try:
+            _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross),
+                            watchdog=watchdog, evidence=lambda stall: _evidence(tb, stall))
+        except RunFailed:
+            row["failed_at_s"] = time.monotonic() - t_roles
+            raise
         return monitor.t0_wall
     finally:
+        if watchdog is not None:
+            row.update(watchdog.summary(time.monotonic()))
         shaper.stop()
         cross.stop()
         tables["links"], tables["qdiscs"], tables["cpu"] = monitor.stop()
         tables["shaping"] = pd.DataFrame(shaper.log, columns=["link", "planned_t", "actual_t", "rate_bps"])
         row["cross_traffic"] = json.dumps(cross.summary()) if exp.cross_traffic else ""
+
+
+def _watchdog(exp: Experiment, roles: list[tuple[str, str, RoleSpec]], ips: dict[str, str], rec_dir: Path,
+              now: float) -> Watchdog:
+    """The run's watchdog over the roles' progress reports in `rec_dir`, with names for every
+    address a role listens on and every host's IP (to say what a role was waiting on)."""
+    peers = Peers(host_of={r: h for r, h, _ in roles},
+                  listen={f"{s.address.ip}:{s.address.port}": r for r, _, s in roles},
+                  ip_host={ip: h for h, ip in ips.items()})
+    return Watchdog(exp.watchdog, peers, exp.workload["iterations"], now,
+                    read=lambda r: role_progress.read(role_progress.path(rec_dir, r)))
 
 
 def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple[float, float] | None

@@ -55,6 +55,7 @@ SLOW = [
     "tests/test_trainer.py::test_cnn_distributed_equals_union_batch[forest-*]",
     "tests/test_trainer.py::test_zoo_distributed_equals_union_batch[lstm-forest]",
     "tests/test_tune.py::test_study_finds_the_optimum_of_a_synthetic_function_within_the_budget",
+    "tests/test_watchdog.py::test_runner_survives_a_short_pause_and_names_a_stopped_worker_of_a_real_job",
 ]
 
 
