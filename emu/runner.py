@@ -33,6 +33,8 @@ from contracts.role_spec import role_specs as build_role_specs
 from emu.cleanup import StateDir
 from emu.config import Experiment
 from emu.crosstraffic import CrossTraffic
+from emu.faults import FaultOps, Faults
+from emu.faults import costs as fault_costs
 from emu.fidelity import verdict
 from emu.machine import RUN_LIMITS, read_sysctl
 from emu.monitor import Monitor
@@ -113,19 +115,27 @@ def _exit_reason(role: str, host: str, rc: int, log_dir: Path) -> str:
     return f"{role} on {host} {how}" + (f": {last}" if last else "")
 
 
-def _evidence(tb: Testbed, stall: Stall) -> Evidence:
-    """What the runner can see of a stall: the roles' process states and the links that are down."""
+def _evidence(tb: Testbed, stall: Stall, faults: Faults | None = None) -> Evidence:
+    """What the runner can see of a stall: the roles' process states, the links that are down,
+    and the injected faults in force (or ended within the window: their effects outlast them)."""
     return Evidence(wall_now=time.time(), proc_state={r: proc_state(tb.roles[r].pid) for r in stall.reports},
-                    down_links=tb.down_links())
+                    down_links=tb.down_links(),
+                    faults=faults.in_force(stall.at, recent_s=stall.window.seconds) if faults is not None else [])
+
+
+def _killed_by(faults: Faults | None, role: str) -> str:
+    what = faults.killed(role) if faults is not None else None
+    return f" (injected: {what})" if what else ""
 
 
 def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Experiment, log_dir: Path,
                     rec_dir: Path, progress: Callable[[int], None], background=(),
                     watchdog: Watchdog | None = None,
-                    evidence: Callable[[Stall], Evidence] | None = None) -> None:
+                    evidence: Callable[[Stall], Evidence] | None = None, faults: Faults | None = None) -> None:
     """Until every role has exited 0; a RunFailed naming the cause otherwise: a background
-    helper's error, a role's death, roles outliving the workers, `timeout_s`, or a stall
-    (`watchdog`, emu/watchdog.py; `evidence` says what is known about it)."""
+    helper's error, a role's death (and the kill fault that caused it, from `faults`), roles
+    outliving the workers, `timeout_s`, or a stall (`watchdog`, emu/watchdog.py; `evidence`
+    says what is known about it)."""
     deadline = time.monotonic() + exp.timeout_s
     workers_done_at = None
     host_of = {r: h for r, h, _ in roles}
@@ -142,7 +152,8 @@ def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Ex
             codes = {r: p.poll() for r, p in tb.roles.items()}
             failed = sorted((r for r, rc in codes.items() if rc not in (None, 0)),
                             key=lambda r: (codes[r] > 0, r.startswith("server"), r))
-            raise RunFailed("; ".join(_exit_reason(r, host_of[r], codes[r], log_dir) for r in failed))
+            raise RunFailed("; ".join(_exit_reason(r, host_of[r], codes[r], log_dir) + _killed_by(faults, r)
+                                      for r in failed))
         if all(rc == 0 for rc in codes.values()):
             return
         workers = [r for r in codes if r.startswith("worker")]
@@ -234,7 +245,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:
-        with Testbed(exp.net, state, exp.host_cpu, exp.tcp.congestion_control) as tb:
+        with Testbed(exp.net, state, exp.host_cpu, exp.tcp.congestion_control, cpu_groups=exp.slowed_hosts) as tb:
             row["bringup_s"] = tb.bringup_s
             _record_machine_changes(run_dir / "meta.json", state)
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress)
@@ -243,6 +254,10 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
         iters, summaries, long_tables = _collect(rec_dir, len(exp.roles.workers))
         tables["iterations"] = iters
         tables.update(long_tables)
+        if "faults" in tables:   # what each survived fault cost in iteration time
+            tables["faults"]["cost_s"] = fault_costs(tables["faults"], iters, row["roles_t0_wall"],
+                                                     exp.workload["warmup"], exp.workload["iterations"])
+            row["fault_cost_s"] = float(tables["faults"]["cost_s"].sum(min_count=1))
         row.update(summarize(exp, iters, summaries))
         row.update(tx_summary(tables.get("tx_frames")))
         info = summaries[0].get("scheduler_info") or {}
@@ -288,11 +303,14 @@ def _record_machine_changes(meta_path: Path, state: StateDir) -> None:
 
 def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.DataFrame], row: dict,
              progress: Callable[[int], None]) -> float:
-    """Inside the network: monitors, shaping and cross traffic on, roles launched and awaited.
-    Returns the wall-clock time that the monitors' t = 0 stands for."""
+    """Inside the network: monitors, shaping and cross traffic on, roles launched, faults
+    injected from then on, and the roles awaited. Returns the wall-clock time that the
+    monitors' t = 0 stands for."""
     log_dir, rec_dir, spec_dir = run_dir / "logs", run_dir / "records", run_dir / "roles"
     directions = [(ln.a, ln.b, ln.ab_mbps) for ln in exp.net.links] + [(ln.b, ln.a, ln.ba_mbps) for ln in exp.net.links]
     rates = {(a, b): mbps * 1e6 for a, b, mbps in directions}
+    faults = Faults(exp.faults, FaultOps(signal=tb.signal_role, set_link=tb.set_link, set_cpu=tb.set_cpu,
+                                         host_of=exp.role_hosts))
     monitor = Monitor(counters={f"{a}->{b}": tb.counter(a, b) for a, b, _ in directions},
                       egress={f"{a}->{b}": tb.egress(a, b) for a, b, _ in directions},
                       rates=rates, interval_s=exp.monitor.interval_s,
@@ -301,6 +319,7 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
     cross = CrossTraffic(exp.cross_traffic, exp.timeout_s, tb.ip,
                          lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
     watchdog = None
+    failing: list[int] = []
     try:
         roles = role_specs(exp, {h: tb.ip(h) for h in exp.net.hosts}, rec_dir)
         env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(exp.workload["threads"])}
@@ -308,24 +327,50 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
             path = spec_dir / f"{role}.json"
             path.write_text(spec.to_json())
             tb.launch(host, role, [sys.executable, "-m", spec.module, str(path)], log_dir, env=env, cwd=REPO)
-        t_roles = time.monotonic()
-        row["roles_t0_wall"] = time.time()   # t = 0 of failed_at_s (and of faults.parquet)
+        faults.start()   # its clock starts with the roles
+        t_roles = faults.t0
+        row["roles_t0_wall"] = faults.t0_wall   # t = 0 of failed_at_s and of faults.parquet
         watchdog = _watchdog(exp, roles, {h: tb.ip(h) for h in exp.net.hosts}, rec_dir, t_roles)
         try:
-            _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross),
-                            watchdog=watchdog, evidence=lambda stall: _evidence(tb, stall))
+            _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross, faults),
+                            watchdog=watchdog, evidence=lambda stall: _evidence(tb, stall, faults), faults=faults)
         except RunFailed:
-            row["failed_at_s"] = time.monotonic() - t_roles
+            now = time.monotonic()
+            row["failed_at_s"] = now - t_roles
+            failing = faults.in_force_ids(now, recent_s=watchdog.window_now.seconds)
             raise
         return monitor.t0_wall
     finally:
+        faults.stop()   # first: nothing stays stopped, cut or throttled, whatever ended the run
         if watchdog is not None:
             row.update(watchdog.summary(time.monotonic()))
+        if exp.faults:
+            tables["faults"] = _fault_table(faults, watchdog, row.get("failed_at_s"), failing)
         shaper.stop()
         cross.stop()
         tables["links"], tables["qdiscs"], tables["cpu"] = monitor.stop()
         tables["shaping"] = pd.DataFrame(shaper.log, columns=["link", "planned_t", "actual_t", "rate_bps"])
         row["cross_traffic"] = json.dumps(cross.summary()) if exp.cross_traffic else ""
+
+
+def _fault_table(faults: Faults, watchdog: Watchdog | None, failed_at_s: float | None,
+                 failing: list[int]) -> pd.DataFrame:
+    """faults.parquet: the log, plus per fault the longest time any role went without progress
+    around it (`stall_max_s`), and for the faults in force when the run failed, the time from
+    the fault to the run's reason (`reason_after_s`). `cost_s` is added once the iterations
+    are collected (a run that failed has none: NaN)."""
+    t = faults.table()
+    now = time.monotonic()
+    stall, after = [], []
+    for _, f in t.iterrows():
+        start, end = f["actual_start_s"], f["actual_end_s"]
+        if watchdog is None or math.isnan(start):
+            stall.append(math.nan)
+        else:
+            stop = end if not math.isnan(end) else now - faults.t0
+            stall.append(watchdog.longest_gap(faults.t0 + start, faults.t0 + stop, now))
+        after.append(failed_at_s - start if failed_at_s is not None and f["fault"] in failing else math.nan)
+    return t.assign(stall_max_s=stall, reason_after_s=after, cost_s=math.nan)
 
 
 def _watchdog(exp: Experiment, roles: list[tuple[str, str, RoleSpec]], ips: dict[str, str], rec_dir: Path,

@@ -298,81 +298,35 @@ def test_runner_survives_a_short_pause_and_names_a_stopped_worker_of_a_real_job(
     is named, with the worker's state, within the window."""
     import threading
 
-    from contracts.role_spec import Address, role_specs
-    from emu.config import validate_experiment
     from emu.runner import RunFailed, _evidence, _wait_for_roles, _watchdog
-    from tasks import _sections
-    from workloads.local import free_ports
+    from tests.loopback_roles import iterations, launched, replay_job
 
-    exp = validate_experiment({
-        "name": "wd", "timeout_s": 120, "watchdog": {"stall_s": 3},
-        "topology": {"kind": "star", "hosts": [{"name": h, "bw_mbps": 100} for h in ("ps", "w0", "w1")]},
-        "roles": {"servers": ["ps"], "workers": ["w0", "w1"]},
-        "workload": {"model": "cnn", "preset": "small", "compute": "replay", "iterations": 100_000},
-        "scheduler": "fifo"}, _sections())
-    rec, logs = tmp_path / "records", tmp_path / "logs"
-    rec.mkdir()
-    logs.mkdir()
-    ports = free_ports(3)
-    specs = role_specs([Address(host="ps", ip="127.0.0.1", port=ports[0])],
-                       [Address(host=h, ip="127.0.0.1", port=p) for h, p in zip(("w0", "w1"), ports[1:])],
-                       seed=0, scheduler="fifo", params=exp.scheduler_params, workload=exp.workload,
-                       out_dir=rec, connect_timeout_s=30, iface="lo")
-    roles = [(s.name, s.address.host, s) for s in specs]
-
-    class LoopbackBed:           # what _wait_for_roles and _evidence use of a Testbed
-        def __init__(self):
-            self.roles: dict[str, subprocess.Popen] = {}
-
-        def down_links(self):
-            return []
-
-    tb = LoopbackBed()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    exp = replay_job(watchdog={"stall_s": 3})
     marks: dict[str, float] = {}
-
-    def iterations() -> int:
-        try:
-            return int((rec / "worker1.progress").read_text() or 0)
-        except (OSError, ValueError):
-            return 0
-
-    def drive():
+    with launched(tmp_path, exp) as (bed, roles, rec, logs):
         def after(n):
             deadline = time.monotonic() + 60
-            while iterations() < n and time.monotonic() < deadline:
+            while iterations(rec) < n and time.monotonic() < deadline:
                 time.sleep(0.05)
-        after(30)
-        pid = tb.roles["worker0"].pid
-        marks["pause"] = time.monotonic()
-        os.killpg(pid, signal.SIGSTOP)
-        time.sleep(1.5)
-        os.killpg(pid, signal.SIGCONT)
-        marks["resume"] = time.monotonic()
-        after(iterations() + 30)
-        marks["stop"] = time.monotonic()
-        os.killpg(pid, signal.SIGSTOP)
 
-    try:
-        for name, _, spec in roles:
-            path = tmp_path / f"{name}.json"
-            path.write_text(spec.to_json())
-            tb.roles[name] = subprocess.Popen([sys.executable, "-m", spec.module, str(path)], cwd=REPO, env=env,
-                                              stdout=open(logs / f"{name}.out", "wb"),
-                                              stderr=open(logs / f"{name}.err", "wb"), start_new_session=True)
+        def drive():
+            after(30)
+            pid = bed.roles["worker0"].pid
+            marks["pause"] = time.monotonic()
+            os.killpg(pid, signal.SIGSTOP)
+            time.sleep(1.5)
+            os.killpg(pid, signal.SIGCONT)
+            marks["resume"] = time.monotonic()
+            after(iterations(rec) + 30)
+            marks["stop"] = time.monotonic()
+            os.killpg(pid, signal.SIGSTOP)
+
         wd = _watchdog(exp, roles, {"ps": "127.0.0.1"}, rec, time.monotonic())
-        driver = threading.Thread(target=drive, daemon=True)
-        driver.start()
+        threading.Thread(target=drive, daemon=True).start()
         with pytest.raises(RunFailed) as failed:
-            _wait_for_roles(tb, roles, exp, logs, rec, lambda n: None, watchdog=wd,
-                            evidence=lambda st: _evidence(tb, st))
+            _wait_for_roles(bed, roles, exp, logs, rec, lambda n: None, watchdog=wd,
+                            evidence=lambda st: _evidence(bed, st))
         named_at = time.monotonic()
-    finally:
-        for p in tb.roles.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                os.killpg(p.pid, signal.SIGCONT)
-            p.wait(10)
     text = str(failed.value)
     assert "stop" in marks, text                                  # the pause was survived
     assert 3 <= named_at - marks["stop"] <= 3 + 2.5, (named_at - marks["stop"], text)
@@ -380,4 +334,4 @@ def test_runner_survives_a_short_pause_and_names_a_stopped_worker_of_a_real_job(
     assert "(stall window 3 s, set by watchdog.stall_s)" in text and "is stopped (SIGSTOP)" in text
     assert "others waiting: " in text and "worker1 on w1 (at " in text
     assert 1.0 <= wd.longest_gap(marks["pause"], marks["resume"], named_at) <= 3.0
-    assert all(proc_state(p.pid) is None for p in tb.roles.values())
+    assert all(proc_state(p.pid) is None for p in bed.roles.values())
