@@ -415,6 +415,8 @@ def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict],
         layers.append(pd.DataFrame(rec.get("layers", [])))
     # Servers trace too (trace: true); their events carry role "server" and the server's rank.
     for path in sorted(rec_dir.glob("server*.json")):
+        if not path.stem[len("server"):].isdigit():
+            continue   # server<r>.progress.json: the watchdog's, not a record
         try:
             ev = pd.DataFrame(json.loads(path.read_text()).get("events", []),
                               columns=["event", "key", "chunk", "iteration", "t"])

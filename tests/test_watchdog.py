@@ -335,3 +335,19 @@ def test_runner_survives_a_short_pause_and_names_a_stopped_worker_of_a_real_job(
     assert "others waiting: " in text and "worker1 on w1 (at " in text
     assert 1.0 <= wd.longest_gap(marks["pause"], marks["resume"], named_at) <= 3.0
     assert all(proc_state(p.pid) is None for p in bed.roles.values())
+
+
+def test_collecting_records_skips_the_progress_reports(tmp_path):
+    """records/ holds <role>.progress.json beside the roles' records; they are no records."""
+    from emu.runner import _collect
+
+    it = {"rank": 0, "iteration": 0, "start": 1.0, "end": 2.0, "compute_s": 0.5, "wait_s": 0.5, "loss": 1.0,
+          "accuracy": 0.5, "samples_per_s": 10.0}
+    (tmp_path / "worker0.json").write_text(json.dumps({"iterations": [it], "summary": {"checksum": "x"},
+                                                       "events": [], "layers": []}))
+    (tmp_path / "server0.json").write_text(json.dumps({"events": [["recv", 1, 0, 0, 1.5]]}))
+    for role in ("worker0", "server0"):
+        ProgressReporter(tmp_path, role).write()
+    iters, summaries, tables = _collect(tmp_path, 1)
+    assert len(iters) == 1 and summaries == [{"checksum": "x"}]
+    assert tables["events"][["role", "rank"]].values.tolist() == [["server", 0]]
