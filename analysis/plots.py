@@ -600,3 +600,61 @@ def startup_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | 
                  f"{table['confidence'].iloc[0]:.0%} CI: {how}; warm-up excluded", fontsize=9)
     fig.tight_layout()
     return _save(fig, out or sweep_dir / "startup.png", formats)
+
+
+# --------------------------------------------------------------------------- faults
+def faults_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ...] = ("png",)) -> Path:
+    """How each scheduler degrades under injected faults (analysis/faults.py). First panel:
+    what each scenario's faults cost per run in iteration time, a bar per scheduler and
+    scenario (a cross where the fault ended the run). Then one panel per scenario: the
+    job's iteration time against the time since the roles were launched, a line per
+    scheduler, each fault's planned span shaded."""
+    from analysis import faults as faults_mod
+
+    _theme()
+    sweep_dir = Path(sweep_dir)
+    runs = faults_mod.with_scenarios(load_runs(sweep_dir))
+    if not faults_mod.has_faults(runs):
+        raise Skipped("no run of this sweep has faults")
+    table = faults_mod.load_faults(sweep_dir, runs)
+    scenarios = [s for s in dict.fromkeys(runs["scenario"]) if s != faults_mod.NONE]
+    scheds = scheduler_order(runs["scheduler"])
+    fig, axes = _axes(1 + len(scenarios), width=5.2, height=3.4, sharey=False)
+    ax = axes[0]
+    width = 0.8 / max(len(scenarios), 1)
+    hatches = ["", "//", "..", "xx"]
+    for j, scen in enumerate(scenarios):
+        for i, s in enumerate(scheds):
+            f = table[(table["scenario"] == scen) & (table["scheduler"] == s)] if len(table) else table
+            x = i - 0.4 + width * (j + 0.5)
+            if not len(f):
+                continue
+            if (f["status"] != "ok").any():
+                ax.plot(x, 0, "x", color="black", ms=8)
+                continue
+            cost = f.groupby("run_id")["cost_s"].sum(min_count=1).median()
+            ax.bar(x, cost, width, color=_colour(s), hatch=hatches[j % len(hatches)], edgecolor="white",
+                   label=scen if i == 0 else None)
+    ax.set_xticks(range(len(scheds)), scheds, rotation=45, ha="right")
+    ax.set(ylabel="cost per run (s of iteration time)", title="what the faults cost")
+    ax.legend(fontsize=7, title="scenario (hatch)", title_fontsize=7)
+    for ax, scen in zip(axes[1:], scenarios, strict=True):
+        for s in scheds:
+            mine = runs[(runs["scenario"] == scen) & (runs["scheduler"] == s) & (runs["status"] == "ok")]
+            if not len(mine):
+                continue
+            run = mine.iloc[0]
+            job = faults_mod.job_iterations(load_iterations(sweep_dir, mine.iloc[:1], drop_warmup=False))
+            # steps: each iteration's time over its own span, from the previous end to its end
+            ax.plot(job["end"] - run["roles_t0_wall"], job["duration_s"] * 1e3, lw=1, color=_colour(s), label=s,
+                    drawstyle="steps-pre")
+        f = table[table["scenario"] == scen].drop_duplicates("fault") if len(table) else table
+        for _, row in f.iterrows():
+            end = row["planned_end_s"] if pd.notna(row["planned_end_s"]) else row["planned_start_s"] + 0.2
+            ax.axvspan(row["planned_start_s"], end, color="grey", alpha=0.25, lw=0)
+        ax.set(yscale="log", xlabel="time since the roles were launched (s)", ylabel="iteration time (ms)",
+               title=scen)
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"Faults: {_setting(runs)}", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out or sweep_dir / "faults.png", formats)

@@ -16,6 +16,7 @@ import pandas as pd
 
 from analysis import bounds as bounds_mod
 from analysis import claims as claims_mod
+from analysis import faults as faults_mod
 from analysis import fidelity, forest_compare, plots, startup
 from analysis.speedup import METHOD, MIN_REPEATS, iteration_times, load_comparison, speedups
 from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
@@ -317,6 +318,48 @@ def _startup(runs: pd.DataFrame, iters: pd.DataFrame, sweep_dir: Path, out_dir: 
     return out
 
 
+def faults_table(table: pd.DataFrame) -> pd.DataFrame:
+    """`faults.summary` as the report shows it."""
+    def num(fmt):
+        return lambda v: format(v, fmt) if pd.notna(v) else "–"
+
+    out = table.assign(survived=table["survived"].astype(str) + "/" + table["runs"].astype(str))
+    for col, fmt in (("median iteration (ms)", ".0f"), ("mean iteration (ms)", ".0f"), ("fault cost (s)", ".2f"),
+                     ("longest stall (s)", ".1f"), ("named after (s)", ".1f")):
+        out[col] = out[col].map(num(fmt))
+    return out.drop(columns=["runs"])
+
+
+def _faults(runs_all: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
+    """Injected faults: what each cost, what ended runs, and the figure (nothing without faults)."""
+    if not faults_mod.has_faults(runs_all):
+        return []
+    table = faults_mod.summary(runs_all, faults_mod.load_faults(sweep_dir, runs_all))
+    out = ["## Faults", "",
+           "Faults injected on the run's timeline (`faults:`, emu/faults.py), per scenario and scheduler. "
+           "Survived: runs that completed. Fault cost: per run, the measured iterations that overlap a fault "
+           "(plus one median iteration for the recovery) less the median iteration, summed over its faults "
+           "(median over runs). Longest stall: the longest time any role made no progress around a fault, "
+           "as the watchdog saw it (to about 0.5 s). Named after: for runs a fault ended, the time from the "
+           "fault to the run's reason. The median iteration hides a pause; the mean shows it.", "",
+           md_table(faults_table(table)), ""]
+    failed = runs_all[(runs_all["status"] != "ok") & faults_mod.with_scenarios(runs_all)["scenario"].ne(
+        faults_mod.NONE)]
+    for _, r in failed.iterrows():
+        out.append(f"- {r['scheduler']}, {faults_mod.scenario(r['faults'])}: {r['reason']}")
+    if len(failed):
+        out.append("")
+    try:
+        png = plots.faults_plot(sweep_dir, out=out_dir / "faults.png", formats=("png", "pdf"))
+        out += [f"![Faults]({png.name})", "",
+                "Left: each scheduler's fault cost per scenario (a cross: the fault ended the run). Then, per "
+                "scenario, one run's iteration time against the time since its roles were launched, the planned "
+                f"fault spans shaded. ([PDF]({png.with_suffix('.pdf').name}))", ""]
+    except NoResults as e:
+        out += [f"*Not drawn:* {e}.", ""]
+    return out
+
+
 def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "fifo") -> Path:
     """Write report.md and its figures into `out_dir` (default: <sweep>/report); returns its path."""
     sweep_dir = Path(sweep_dir)
@@ -358,6 +401,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "
     md += _forest(runs, sweep_dir, out_dir)
     md += _replan(sweep_dir, out_dir)
     md += _startup(runs, iters, sweep_dir, out_dir)
+    md += _faults(runs_all, sweep_dir, out_dir)
     md += ["## Fidelity", "", *_fidelity(runs_all), ""]
     md += ["## Paper claims beside this sweep", "", *_claims(runs, iters, facts), ""]
     md += ["## Reproduce", "", f"- This report: `./inv report {sweep_dir}`.",

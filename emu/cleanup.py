@@ -55,12 +55,15 @@ class Proc:
 
 
 def kill_group(pid: int, started: int | None, grace_s: float = 2.0) -> None:
-    """SIGTERM the process group led by `pid`, then SIGKILL whatever is left after `grace_s`."""
+    """SIGTERM (and SIGCONT, for a stopped group) the process group led by `pid`, then
+    SIGKILL whatever is left after `grace_s`."""
     if not alive(pid, started):
         return
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 1.0)):
         try:
             os.killpg(pid, sig)
+            if sig == signal.SIGTERM:
+                os.killpg(pid, signal.SIGCONT)  # a stopped group (a stop fault) handles SIGTERM only once continued
         except ProcessLookupError:
             return
         except PermissionError:

@@ -37,9 +37,11 @@ from pydantic import (
 from emu.config_errors import describe, quote
 from emu.crosstraffic import Flow
 from emu.dilation import MAX_TIME_DILATION, dilate_params, dilate_workload
+from emu.faults import MAX_FAULTS, Fault, check_faults
 from emu.placement import best_server
 from emu.shaping import MAX_RATE_CHANGES, LinkShaping
 from emu.topospec import MAX_GRAPH_NODES, NetSpec, Topology
+from emu.watchdog import WatchdogConfig
 
 # A run holds the machine's one emulated network; a week is beyond any experiment here.
 MAX_TIMEOUT_S = 7 * 24 * 3600
@@ -157,7 +159,8 @@ class FidelityConfig(Strict):
 class Experiment(Strict):
     """One fully resolved experiment: what `run_id` hashes. Its model validator checks what
     no single field can: that roles, host_cpu, shaped links and flows name hosts and links of
-    the topology, and that the rate schedules fit the run's timeout."""
+    the topology, that faults name its roles and links and do not overlap, and that the rate
+    schedules and faults fit the run's timeout."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     seed: int = Field(default=0, ge=0, le=2 ** 32 - 1,
@@ -177,6 +180,11 @@ class Experiment(Strict):
     monitor: MonitorConfig = MonitorConfig()
     tcp: TcpConfig = TcpConfig()
     fidelity: FidelityConfig = FidelityConfig()
+    # None, not WatchdogConfig(): unset, it stays out of the run id (see run_id)
+    watchdog: WatchdogConfig | None = Field(
+        default=None, description="the stall window (emu/watchdog.py); unset: derived from the run")
+    faults: list[Fault] = Field(default_factory=list, max_length=MAX_FAULTS,
+                                description="faults injected on the run's timeline (emu/faults.py)")
     roles: Roles
     workload: dict[str, Any]
     scheduler: str
@@ -240,8 +248,24 @@ class Experiment(Strict):
             if f.start_s >= self.timeout_s:
                 raise ConfigError(f"cross_traffic[{i}].start_s: {f.start_s:g} s is not before the run's timeout_s "
                                   f"({self.timeout_s:g} s); the flow would never start")
+        links = {frozenset((ln.a, ln.b)) for ln in net.links}
+        problem = check_faults(self.faults, self.role_hosts, links, self.timeout_s)
+        if problem:
+            raise ConfigError(problem)
         self._net = net
         return self
+
+    @property
+    def role_hosts(self) -> dict[str, str]:
+        """Role name (server0, worker1, ...) -> its host."""
+        return {**{f"server{i}": h for i, h in enumerate(self.roles.servers)},
+                **{f"worker{i}": h for i, h in enumerate(self.roles.workers)}}
+
+    @property
+    def slowed_hosts(self) -> list[str]:
+        """Hosts that a `slow` fault throttles: they need a CPU cgroup from the start."""
+        hosts = self.role_hosts
+        return sorted({hosts[f.target] for f in self.faults if f.kind == "slow"})
 
     @property
     def net(self) -> NetSpec:
@@ -277,6 +301,10 @@ def _check_dilation(exp: Experiment, net: NetSpec) -> None:
     k = exp.time_dilation
     if k == 1:
         return
+    if exp.faults:
+        # their times, the costs and faults.parquet are wall clock; not converted yet
+        raise ConfigError(f"faults: not supported with time_dilation: {k:g} (set time_dilation: 1, or leave "
+                          f"faults out)")
     if exp.timeout_s * k > MAX_TIMEOUT_S:
         raise ConfigError(f"time_dilation: timeout_s ({exp.timeout_s:g} s) x {k:g} is {exp.timeout_s * k:.0f} s "
                           f"of wall clock; at most {MAX_TIMEOUT_S} (7 days): shorten timeout_s or lower "

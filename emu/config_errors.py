@@ -77,7 +77,7 @@ _TAGS = set(TOPOLOGY_KINDS) | {"steps", "square", "onoff", "mahimahi", "csv"} | 
     | set(ONE_OR_EACH_TAGS)
 _UNIONS = {"topology", "schedule", "heterogeneity", *ONE_OR_EACH_FIELDS}  # fields whose value is a tagged union
 # A model validator's message that already starts with the whole path of its field.
-_FULL_PATHS = ("roles.", "topology", "workload.", "schedulers.", "shaping[", "cross_traffic[")
+_FULL_PATHS = ("roles.", "topology", "workload.", "schedulers.", "shaping[", "cross_traffic[", "faults[")
 
 
 def _location(raw: tuple) -> tuple:

@@ -67,13 +67,17 @@ class Testbed:
     __test__ = False  # not a pytest class, despite the name
 
     def __init__(self, spec: NetSpec, state: StateDir, host_cpu: dict[str, float] | None = None,
-                 tcp_congestion_control: str | None = "cubic", netlink: bool = False):
+                 tcp_congestion_control: str | None = "cubic", netlink: bool = False,
+                 cpu_groups: Sequence[str] = ()):
         """tcp_congestion_control: set in every host's namespace (None: inherit the machine's).
         netlink: change rates through netlink sockets in the namespaces (emu/netlink.py), not
-        a `tc class change` process each."""
+        a `tc class change` process each. cpu_groups: hosts that get a CFS bandwidth cgroup
+        without a limit (those not in `host_cpu`), so that `set_cpu` can limit them later (a
+        `slow` fault)."""
         self.spec = spec
         self.state = state
         self.host_cpu = host_cpu or {}
+        self.cpu_groups = [h for h in cpu_groups if h not in self.host_cpu]
         self.tcp_congestion_control = tcp_congestion_control
         self.net: Mininet | None = None
         self.roles: dict[str, subprocess.Popen] = {}
@@ -116,10 +120,11 @@ class Testbed:
         them and never restore them, so it is skipped (`Mininet.inited`)."""
         Mininet.inited = True
         machine.raise_process_limits()
-        if self.host_cpu:
+        if self.host_cpu or self.cpu_groups:
             missing = capabilities.missing_cgroup_mounts()
             if missing:
-                raise NetworkError(f"host_cpu needs the cgroup v1 controller(s) {', '.join(missing)} mounted "
+                raise NetworkError(f"host_cpu (and slow faults) need the cgroup v1 controller(s) "
+                                   f"{', '.join(missing)} mounted "
                                    f"(./inv doctor says how); Mininet would mount them and never unmount them, "
                                    f"so the harness does not")
             CPULimitedHost.inited = True  # its init() only mounts cpuset, which is mounted
@@ -143,7 +148,9 @@ class Testbed:
         self._lock()
         self._machine_settings()
         setLogLevel("critical")
-        topo = mininet_topo(self.spec, self.host_cpu, partial(RecordedCPULimitedHost, state=self.state))
+        # A share of -1 is Mininet's "no limit": the host is in its group from the start.
+        shares = {**{h: -1.0 for h in self.cpu_groups}, **self.host_cpu}
+        topo = mininet_topo(self.spec, shares, partial(RecordedCPULimitedHost, state=self.state))
         # Mininet names interfaces <node>-eth<port>: record every name before it exists,
         # and refuse to touch names that are already taken (another run, or leftovers).
         names = [f"{node}-eth{port}" for node, ports in topo.ports.items() for port in ports]
@@ -248,6 +255,65 @@ class Testbed:
                 self._htb.prepare(*self.egress(*link))
             except NetlinkError as e:
                 raise NetworkError(f"rate of {link[0]}->{link[1]}: {e}") from None
+
+    # ------------------------------------------------------------------ faults
+    def _link_ends(self, a: str, b: str) -> list[tuple[str, int | None]]:
+        """The interfaces of link a-b that `set_link` switches: those in the root namespace
+        (a switch's port; both ends of a link between switches), else a's end in its host."""
+        ends = [(self._intf(n, p).name, None) for n, p in ((a, b), (b, a)) if not self.net.get(n).inNamespace]
+        return ends or [(self._intf(a, b).name, self.net.get(a).pid)]
+
+    def set_link(self, link: tuple[str, str], up: bool) -> None:
+        """Take link a-b down, or up again. For a host's link the switch's port goes down,
+        which takes the carrier off the host's end (a cable pulled at the switch): nothing
+        passes either way, and the host keeps its address, routes and qdiscs. Up again, the
+        bridge forwards at once (no STP)."""
+        for dev, ns in self._link_ends(*link):
+            cmd = ["ip", "link", "set", "dev", dev, "up" if up else "down"]
+            r = subprocess.run((["mnexec", "-a", str(ns)] if ns is not None else []) + cmd,
+                               capture_output=True, text=True)
+            if r.returncode:
+                raise NetworkError(f"{' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
+
+    def link_is_up(self, a: str, b: str) -> bool:
+        """Whether link a-b carries traffic, from the operstate of its root-namespace end(s)."""
+        for dev, ns in self._link_ends(a, b):
+            if ns is not None:
+                return True   # not visible from here; such links are not built (hosts hang off switches)
+            try:
+                if Path(f"/sys/class/net/{dev}/operstate").read_text().strip() != "up":
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def down_links(self) -> list[str]:
+        return [f"{ln.a}-{ln.b}" for ln in self.spec.links if not self.link_is_up(ln.a, ln.b)]
+
+    def set_cpu(self, host: str, share: float | None) -> None:
+        """Limit `host` to `share` of the machine's CPU (CFS bandwidth of its cgroup), or with
+        None give it back its configured share (`host_cpu`, else none), read back."""
+        node = self.net.get(host)
+        if not isinstance(node, CPULimitedHost):
+            raise NetworkError(f"host {host} has no CPU cgroup (it must be in host_cpu or cpu_groups)")
+        f = share if share is not None else self.host_cpu.get(host, -1.0)
+        node.setCPUFrac(f, sched="cfs")
+        want = node.cfsInfo(f)[3]
+        got = int(node.cgroupGet("cfs_quota_us"))
+        if got != want:
+            raise NetworkError(f"host {host}: cpu.cfs_quota_us is {got}, wanted {want} (share {f:g})")
+
+    def signal_role(self, role: str, sig: int) -> bool:
+        """Send `sig` to the role's process group (it leads its own session); False if the
+        role has already exited."""
+        p = self.roles.get(role)
+        if p is None or p.poll() is not None:
+            return False
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ roles
     def launch(self, host: str, role: str, argv: Sequence[str], log_dir: Path,

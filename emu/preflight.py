@@ -4,8 +4,8 @@ Parsing (emu/plan.py, emu/config.py) looks at the config only, so a config has o
 and one set of run ids on every machine, and a plan made on a laptop can be checked, sharded
 and merged anywhere. What the kernel offers is checked here, as a separate step after parsing
 and still before anything is created: the congestion control of `tcp:`, the netem qdisc for
-links with delay_ms or loss_pct, the cgroup cpu controller for `host_cpu`, and pyroute2 and
-root for `monitor.backend: netlink`. Each probe
+links with delay_ms or loss_pct, the cgroup cpu controller for `host_cpu` and `slow` faults,
+and pyroute2 and root for `monitor.backend: netlink`. Each probe
 runs at most once per check, however many experiments share the need.
 """
 from __future__ import annotations
@@ -62,6 +62,9 @@ def _refusal(exp: Experiment, machine: _Machine) -> str | None:
         return "host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
     if exp.monitor.backend == "netlink" and (why := machine.netlink()) is not None:
         return f"monitor.backend: netlink: {why} (or set monitor.backend: tc)"
+    slow = next((i for i, f in enumerate(exp.faults) if f.kind == "slow"), None)
+    if slow is not None and not machine.cpu_controller():
+        return f"faults[{slow}]: slow needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
     netem = exp.net.needs_netem()
     if netem and not machine.netem():
         ln = exp.net.links[netem[0]]

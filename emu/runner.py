@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from contracts import progress as role_progress
 from contracts import tx_frames
 from contracts.iterations import measured
 from contracts.role_spec import Address, RoleSpec
@@ -40,6 +41,8 @@ from emu.dilation import (
     table_to_emulated,
     wall_plan,
 )
+from emu.faults import FaultOps, Faults
+from emu.faults import costs as fault_costs
 from emu.fidelity import verdict
 from emu.machine import RUN_LIMITS, read_sysctl
 from emu.monitor import Monitor
@@ -48,6 +51,8 @@ from emu.network import NetworkError, Testbed
 from emu.results import flatten, record_run, write_parquet, write_text
 from emu.shaping import Shaper
 from emu.topology import capacity_graph, graph_to_json
+from emu.watchdog import Evidence, Peers, Stall, Watchdog, proc_state
+from emu.watchdog import reason as stall_reason
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER_PORT = 29500  # server i listens on SERVER_PORT + i
@@ -124,9 +129,27 @@ def _exit_reason(role: str, host: str, rc: int, log_dir: Path) -> str:
     return f"{role} on {host} {how}" + (f": {last}" if last else "")
 
 
+def _evidence(tb: Testbed, stall: Stall, faults: Faults | None = None) -> Evidence:
+    """What the runner can see of a stall: the roles' process states, the links that are down,
+    and the injected faults in force (or ended within the window: their effects outlast them)."""
+    return Evidence(wall_now=time.time(), proc_state={r: proc_state(tb.roles[r].pid) for r in stall.reports},
+                    down_links=tb.down_links(),
+                    faults=faults.in_force(stall.at, recent_s=stall.window.seconds) if faults is not None else [])
+
+
+def _killed_by(faults: Faults | None, role: str) -> str:
+    what = faults.killed(role) if faults is not None else None
+    return f" (injected: {what})" if what else ""
+
+
 def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Experiment, log_dir: Path,
-                    rec_dir: Path, progress: Callable[[int], None], background=(), wall: WallPlan | None = None
-                    ) -> None:
+                    rec_dir: Path, progress: Callable[[int], None], background=(), wall: WallPlan | None = None,
+                    watchdog: Watchdog | None = None,
+                    evidence: Callable[[Stall], Evidence] | None = None, faults: Faults | None = None) -> None:
+    """Until every role has exited 0; a RunFailed naming the cause otherwise: a background
+    helper's error, a role's death (and the kill fault that caused it, from `faults`), roles
+    outliving the workers, `timeout_s` (x time_dilation in wall clock, `wall`), or a stall
+    (`watchdog`, emu/watchdog.py; `evidence` says what is known about it)."""
     wall = wall or wall_plan(exp)
     deadline = time.monotonic() + wall.timeout_s
     workers_done_at = None
@@ -144,7 +167,8 @@ def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Ex
             codes = {r: p.poll() for r, p in tb.roles.items()}
             failed = sorted((r for r, rc in codes.items() if rc not in (None, 0)),
                             key=lambda r: (codes[r] > 0, r.startswith("server"), r))
-            raise RunFailed("; ".join(_exit_reason(r, host_of[r], codes[r], log_dir) for r in failed))
+            raise RunFailed("; ".join(_exit_reason(r, host_of[r], codes[r], log_dir) + _killed_by(faults, r)
+                                      for r in failed))
         if all(rc == 0 for rc in codes.values()):
             return
         workers = [r for r in codes if r.startswith("worker")]
@@ -160,6 +184,11 @@ def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Ex
                 done.append(f"{r} at {p.read_text() if p.exists() else 0}/{iterations}")
             dilated = f" x time_dilation {wall.k:g} = {wall.timeout_s:g} s of wall clock" if wall.k != 1 else ""
             raise RunFailed(f"timed out after {exp.timeout_s:g} s (timeout_s{dilated}); {', '.join(done)}")
+        if watchdog is not None:
+            stall = watchdog.poll(time.monotonic(), [r for r, rc in codes.items() if rc is None])
+            if stall is not None:
+                ev = evidence(stall) if evidence is not None else Evidence(wall_now=time.time())
+                raise RunFailed(stall_reason(stall, ev, watchdog.peers, iterations)[1])
         least = iterations
         for r in workers:
             try:
@@ -239,29 +268,15 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     try:
         backend = exp.monitor_backend()
         row["monitor_backend"] = backend
-        with Testbed(wall.net, state, exp.host_cpu, exp.tcp.congestion_control, netlink=backend == "netlink") as tb:
+        with Testbed(wall.net, state, exp.host_cpu, exp.tcp.congestion_control, netlink=backend == "netlink",
+                     cpu_groups=exp.slowed_hosts) as tb:
             row["bringup_s"] = tb.bringup_s
             _record_machine_changes(run_dir / "meta.json", state)
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress, wall)
             # wall-clock time of t = 0 in links/qdiscs/cpu tables: the one instant both clocks share
             row["monitor_t0_wall"] = t0_wall
         row["teardown_s"] = getattr(tb, "teardown_s", None)
-        iters, summaries, long_tables = _collect(rec_dir, len(exp.roles.workers))
-        iters = table_to_emulated("iterations", iters, wall.k, t0_wall)
-        summaries = [summary_to_emulated(s, wall.k) for s in summaries]
-        long_tables = {name: table_to_emulated(name, df, wall.k, t0_wall) for name, df in long_tables.items()}
-        tables["iterations"] = iters
-        tables.update(long_tables)
-        row.update(summarize(exp, iters, summaries))
-        row.update(tx_summary(tables.get("tx_frames")))
-        info = summaries[0].get("scheduler_info") or {}
-        if info:
-            write_text(run_dir / "scheduler_info.json", json.dumps(info, indent=1))
-            plan = info.get("plan") or {}
-            row.update(rates_to_emulated({f"plan_{k}": plan.get(k) for k in ("rate_bps", "optimum_bps", "of_optimum",
-                                                                              "ring_rate_bps") if k in plan}, wall.k))
-            if "plans" in info:   # forest on measured bandwidth: one record per (re-)plan
-                row["plan_count"] = len(info["plans"])
+        iters = _gather(exp, run_dir, wall, t0_wall, tables, row)
         # Judge fidelity over the measured iterations (start-up imports saturate the CPU
         # while no gradient moves).
         warm = iters[measured(iters["iteration"], exp.workload["warmup"], exp.workload["iterations"])]
@@ -288,6 +303,33 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     return row
 
 
+def _gather(exp: Experiment, run_dir: Path, wall: WallPlan, t0_wall: float, tables: dict[str, pd.DataFrame],
+            row: dict) -> pd.DataFrame:
+    """What the roles wrote, into `tables` and `row` in emulated time; the iterations table."""
+    rec_dir = run_dir / "records"
+    iters, summaries, long_tables = _collect(rec_dir, len(exp.roles.workers))
+    iters = table_to_emulated("iterations", iters, wall.k, t0_wall)
+    summaries = [summary_to_emulated(s, wall.k) for s in summaries]
+    long_tables = {name: table_to_emulated(name, df, wall.k, t0_wall) for name, df in long_tables.items()}
+    tables["iterations"] = iters
+    tables.update(long_tables)
+    if "faults" in tables:   # what each survived fault cost in iteration time
+        tables["faults"]["cost_s"] = fault_costs(tables["faults"], iters, row["roles_t0_wall"],
+                                                 exp.workload["warmup"], exp.workload["iterations"])
+        row["fault_cost_s"] = float(tables["faults"]["cost_s"].sum(min_count=1))
+    row.update(summarize(exp, iters, summaries))
+    row.update(tx_summary(tables.get("tx_frames")))
+    info = summaries[0].get("scheduler_info") or {}
+    if info:
+        write_text(run_dir / "scheduler_info.json", json.dumps(info, indent=1))
+        plan = info.get("plan") or {}
+        row.update(rates_to_emulated({f"plan_{k}": plan.get(k) for k in ("rate_bps", "optimum_bps", "of_optimum",
+                                                                          "ring_rate_bps") if k in plan}, wall.k))
+        if "plans" in info:   # forest on measured bandwidth: one record per (re-)plan
+            row["plan_count"] = len(info["plans"])
+    return iters
+
+
 def _record_machine_changes(meta_path: Path, state: StateDir) -> None:
     """meta.json gets what the run changed on the machine for its duration: key -> [machine's value, run's]."""
     meta = json.loads(meta_path.read_text())
@@ -297,9 +339,10 @@ def _record_machine_changes(meta_path: Path, state: StateDir) -> None:
 
 def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.DataFrame], row: dict,
              progress: Callable[[int], None], wall: WallPlan | None = None) -> float:
-    """Inside the network: monitors, shaping and cross traffic on, roles launched and awaited,
-    all in wall-clock time (`wall`); the monitor tables go into `tables` in emulated time.
-    Returns the wall-clock time that the monitors' t = 0 stands for."""
+    """Inside the network: monitors, shaping and cross traffic on, roles launched, faults
+    injected from then on, and the roles awaited, all in wall-clock time (`wall`); the monitor
+    tables go into `tables` in emulated time. Returns the wall-clock time that the monitors'
+    t = 0 stands for."""
     wall = wall or wall_plan(exp)
     log_dir, rec_dir, spec_dir = run_dir / "logs", run_dir / "records", run_dir / "roles"
     net = wall.net
@@ -310,6 +353,8 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
     qdisc_interval_s = exp.monitor.qdisc_interval_s if backend == "tc" else \
         exp.monitor.netlink_qdisc_interval_s or NETLINK_QDISC_INTERVAL_S
     row["monitor_qdisc_interval_s"] = qdisc_interval_s
+    faults = Faults(exp.faults, FaultOps(signal=tb.signal_role, set_link=tb.set_link, set_cpu=tb.set_cpu,
+                                         host_of=exp.role_hosts))
     monitor = Monitor(counters={f"{a}->{b}": tb.counter(a, b) for a, b, _ in directions},
                       egress={f"{a}->{b}": tb.egress(a, b) for a, b, _ in directions},
                       rates=rates, interval_s=wall.monitor_interval_s,
@@ -323,6 +368,8 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
     shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates, dilation=wall.k).start()
     cross = CrossTraffic(wall.flows, wall.timeout_s, tb.ip,
                          lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
+    watchdog = None
+    failing: list[int] = []
     try:
         roles = role_specs(exp, {h: tb.ip(h) for h in net.hosts}, rec_dir, wall)
         env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(exp.workload["threads"])}
@@ -330,9 +377,26 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
             path = spec_dir / f"{role}.json"
             path.write_text(spec.to_json())
             tb.launch(host, role, [sys.executable, "-m", spec.module, str(path)], log_dir, env=env, cwd=REPO)
-        _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross), wall=wall)
+        faults.start()   # its clock starts with the roles
+        t_roles = faults.t0
+        row["roles_t0_wall"] = faults.t0_wall   # t = 0 of failed_at_s and of faults.parquet
+        watchdog = _watchdog(exp, roles, {h: tb.ip(h) for h in net.hosts}, rec_dir, t_roles, wall.k)
+        try:
+            _wait_for_roles(tb, roles, exp, log_dir, rec_dir, progress, background=(shaper, cross, faults),
+                            wall=wall, watchdog=watchdog, evidence=lambda stall: _evidence(tb, stall, faults),
+                            faults=faults)
+        except RunFailed:
+            now = time.monotonic()
+            row["failed_at_s"] = now - t_roles
+            failing = faults.in_force_ids(now, recent_s=watchdog.window_now.seconds)
+            raise
         return monitor.t0_wall
     finally:
+        faults.stop()   # first: nothing stays stopped, cut or throttled, whatever ended the run
+        if watchdog is not None:
+            row.update(watchdog.summary(time.monotonic()))
+        if exp.faults:
+            tables["faults"] = _fault_table(faults, watchdog, row.get("failed_at_s"), failing)
         shaper.stop()
         cross.stop()
         measured_tables = dict(zip(("links", "qdiscs", "cpu"), monitor.stop(), strict=True))
@@ -340,6 +404,37 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
         for name, df in measured_tables.items():   # times relative to t = 0 and rates: no origin needed
             tables[name] = table_to_emulated(name, df, wall.k)
         row["cross_traffic"] = json.dumps(cross_to_emulated(cross.summary(), wall.k)) if exp.cross_traffic else ""
+
+
+def _fault_table(faults: Faults, watchdog: Watchdog | None, failed_at_s: float | None,
+                 failing: list[int]) -> pd.DataFrame:
+    """faults.parquet: the log, plus per fault the longest time any role went without progress
+    around it (`stall_max_s`), and for the faults in force when the run failed, the time from
+    the fault to the run's reason (`reason_after_s`). `cost_s` is added once the iterations
+    are collected (a run that failed has none: NaN)."""
+    t = faults.table()
+    now = time.monotonic()
+    stall, after = [], []
+    for _, f in t.iterrows():
+        start, end = f["actual_start_s"], f["actual_end_s"]
+        if watchdog is None or math.isnan(start):
+            stall.append(math.nan)
+        else:
+            stop = end if not math.isnan(end) else now - faults.t0
+            stall.append(watchdog.longest_gap(faults.t0 + start, faults.t0 + stop, now))
+        after.append(failed_at_s - start if failed_at_s is not None and f["fault"] in failing else math.nan)
+    return t.assign(stall_max_s=stall, reason_after_s=after, cost_s=math.nan)
+
+
+def _watchdog(exp: Experiment, roles: list[tuple[str, str, RoleSpec]], ips: dict[str, str], rec_dir: Path,
+              now: float, k: float = 1.0) -> Watchdog:
+    """The run's watchdog over the roles' progress reports in `rec_dir`, with names for every
+    address a role listens on and every host's IP (to say what a role was waiting on)."""
+    peers = Peers(host_of={r: h for r, h, _ in roles},
+                  listen={f"{s.address.ip}:{s.address.port}": r for r, _, s in roles},
+                  ip_host={ip: h for h, ip in ips.items()})
+    return Watchdog(exp.watchdog, peers, exp.workload["iterations"], now,
+                    read=lambda r: role_progress.read(role_progress.path(rec_dir, r)), time_dilation=k)
 
 
 def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple[float, float] | None
@@ -373,6 +468,8 @@ def _collect(rec_dir: Path, num_workers: int) -> tuple[pd.DataFrame, list[dict],
         layers.append(pd.DataFrame(rec.get("layers", [])))
     # Servers trace too (trace: true); their events carry role "server" and the server's rank.
     for path in sorted(rec_dir.glob("server*.json")):
+        if not path.stem[len("server"):].isdigit():
+            continue   # server<r>.progress.json: the watchdog's, not a record
         try:
             ev = pd.DataFrame(json.loads(path.read_text()).get("events", []),
                               columns=["event", "key", "chunk", "iteration", "t"])

@@ -55,6 +55,7 @@ import numpy as np
 from contracts import tx_frames
 from contracts.role_spec import RoleSpec
 from schedulers.base import CommError
+from schedulers.progress import ProgressReporter
 from schedulers.transport import (
     HOST_QUEUE_S,
     PRIORITY_QUEUE_S,
@@ -374,6 +375,8 @@ def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         spec = RoleSpec.model_validate_json(f.read())
     t0 = time.monotonic()
+    # The watchdog's view of this server: its bytes per connection (emu/watchdog.py).
+    reporter = ProgressReporter(spec.out_dir, spec.name, phase="serving").start() if spec.out_dir else None
     try:
         mode = server_mode(spec.scheduler.name)
         ps = ParameterServer(spec.rank, len(spec.workers), "0.0.0.0", spec.address.port,
@@ -389,6 +392,8 @@ def main(argv: list[str]) -> int:
         with open(path + ".tmp", "w") as f:
             json.dump({"events": ps.events}, f)
         os.replace(path + ".tmp", path)
+    if reporter is not None:
+        reporter.stop()
     ps.log(f"served for {time.monotonic() - t0:.1f} s")
     return 0
 

@@ -28,6 +28,9 @@ SLOW = [
     "tests/test_analysis.py::test_report_task_refuses_a_missing_sweep",
     "tests/test_analysis.py::test_report_task_writes_every_figure_and_the_measured_numbers",
     "tests/test_analysis.py::test_report_without_a_trace_says_why_the_timeline_is_missing",
+    "tests/test_faults.py::test_a_stop_longer_than_the_window_fails_the_run_naming_the_fault",
+    "tests/test_faults.py::test_an_injected_kill_is_named_in_the_exit_reason",
+    "tests/test_faults.py::test_stop_and_kill_act_on_a_real_process_group",
     "tests/test_forest.py::test_heterogeneous_star_average[8]",
     "tests/test_forest.py::test_trace_records_sends_and_results",
     "tests/test_forest.py::test_killed_worker_named_by_every_worker_within_bounded_time",
@@ -55,6 +58,7 @@ SLOW = [
     "tests/test_trainer.py::test_cnn_distributed_equals_union_batch[forest-*]",
     "tests/test_trainer.py::test_zoo_distributed_equals_union_batch[lstm-forest]",
     "tests/test_tune.py::test_study_finds_the_optimum_of_a_synthetic_function_within_the_budget",
+    "tests/test_watchdog.py::test_runner_survives_a_short_pause_and_names_a_stopped_worker_of_a_real_job",
 ]
 
 

@@ -68,6 +68,37 @@ BAD = [
     (variant("roles.servers", []), "roles.servers: scheduler 'fifo' needs at least one parameter server"),
     (variant("roles.workers", []),
      'roles.workers: must name at least one host (or be "rest": every host not a server)'),
+    (variant("faults", [{"at_s": 5, "kind": "stop", "target": "worker2", "for_s": 5}]),
+     "faults[0].target: 'worker2' is not a role of this run (roles: server0, worker0, worker1)"),
+    (variant("faults", [{"at_s": 5, "kind": "link_down", "target": ["w0", "w1"], "for_s": 5}]),
+     "faults[0].target: no link w0-w1 in the topology"),
+    (variant("faults", [{"at_s": 5, "kind": "link_down", "target": "w0", "for_s": 5}]),
+     "faults[0].target: link_down needs a link [a, b], got 'w0'"),
+    (variant("faults", [{"at_s": 5, "kind": "stop", "target": ["w0", "s1"], "for_s": 5}]),
+     "faults[0].target: stop needs a role name (worker0, server0), got a link"),
+    (variant("faults", [{"at_s": 5, "kind": "stop", "target": 7, "for_s": 5}]),
+     "faults[0].target: must be a role name (worker0, server0) or a link [a, b]"),
+    (variant("faults", [{"at_s": -1, "kind": "stop", "target": "worker0", "for_s": 5}]),
+     "faults[0].at_s: must be >= 0"),
+    (variant("faults", [{"at_s": 5, "kind": "stop", "target": "worker0"}]),
+     "faults[0].for_s: required for stop (how long until it is undone)"),
+    (variant("faults", [{"at_s": 5, "kind": "kill", "target": "server0", "for_s": 5}]),
+     "faults[0].for_s: a kill is not undone; remove for_s"),
+    (variant("faults", [{"at_s": 5, "kind": "slow", "target": "worker0", "for_s": 5}]),
+     "faults[0].cpu: required for slow (the host's share of the machine's CPU, e.g. 0.1)"),
+    (variant("faults", [{"at_s": 5, "kind": "slow", "target": "worker0", "for_s": 5, "cpu": 1.5}]),
+     "faults[0].cpu: must be <= 1"),
+    (variant("faults", [{"at_s": 5, "kind": "stop", "target": "worker0", "for_s": 5, "cpu": 0.5}]),
+     "faults[0].cpu: only applies to slow, not stop"),
+    (variant("faults", [{"at_s": 5, "kind": "nap", "target": "worker0"}]),
+     "faults[0].kind: must be one of 'stop', 'kill', 'link_down' or 'slow', got 'nap'"),
+    (variant("faults", [{"at_s": 700, "kind": "kill", "target": "worker0"}]),
+     "faults[0].at_s: 700 s is not before the run's timeout_s (600 s); the fault would never happen"),
+    (variant("faults", [{"at_s": 5, "kind": "link_down", "target": ["w1", "s1"], "for_s": 5},
+                        {"at_s": 9, "kind": "link_down", "target": ["s1", "w1"], "for_s": 5}]),
+     "faults[1]: overlaps faults[0] (link_down w1-s1 at 5 s for 5 s) on the same link"),
+    (variant("watchdog", {"stall_s": 0.5}), "watchdog.stall_s: must be >= 1"),
+    (variant("watchdog", {"window": 3}), "watchdog.window: unknown key"),
 ]
 
 
@@ -157,6 +188,28 @@ def test_run_id_ignores_unused_optional_features(tmp_path):
                          _sections()).experiments[0]
     changed = load_plan(write(tmp_path, {**GOOD, "host_cpu": {"w0": 0.5}}), _sections()).experiments[0]
     assert plain.run_id(0) == explicit.run_id(0) != changed.run_id(0)
+    unset = load_plan(write(tmp_path, {**GOOD, "faults": [], "watchdog": None}), _sections()).experiments[0]
+    assert unset.run_id(0) == plain.run_id(0)
+
+
+def test_faults_and_watchdog_are_part_of_the_experiment(tmp_path):
+    """Faults back to back on one target are fine; either order of a link's ends is one link;
+    a fault and a stall window change the run id."""
+    faults = [{"at_s": 10, "kind": "stop", "target": "worker0", "for_s": 5},
+              {"at_s": 15, "kind": "stop", "target": "worker0", "for_s": 1},
+              {"at_s": 20, "kind": "link_down", "target": ["s1", "w1"], "for_s": 3},
+              {"at_s": 21, "kind": "slow", "target": "worker1", "cpu": 0.1, "for_s": 3},
+              {"at_s": 30, "kind": "kill", "target": "server0"}]
+    plain = load_plan(write(tmp_path, GOOD), _sections()).experiments[0]
+    exp = load_plan(write(tmp_path, {**GOOD, "faults": faults}), _sections()).experiments[0]
+    assert [f.kind for f in exp.faults] == ["stop", "stop", "link_down", "slow", "kill"]
+    assert exp.faults[2].target == ("s1", "w1") and exp.slowed_hosts == ["w1"]
+    assert exp.role_hosts == {"server0": "ps", "worker0": "w0", "worker1": "w1"}
+    assert exp.faults[3].describe(3) == "faults[3] (slow worker1 to 0.1 CPU at 21 s for 3 s)"
+    assert exp.run_id(0) != plain.run_id(0)
+    wd = load_plan(write(tmp_path, variant("watchdog", {"stall_s": 20})), _sections()).experiments[0]
+    assert wd.watchdog.stall_s == 20 and wd.watchdog.startup_s == 120 and wd.run_id(0) != plain.run_id(0)
+    assert plain.watchdog is None and plain.slowed_hosts == []
 
 
 def test_congestion_control_defaults_to_cubic_and_must_exist(tmp_path):
@@ -226,6 +279,12 @@ def test_preflight_names_what_is_missing_and_the_grid_point(tmp_path, monkeypatc
     with pytest.raises(ConfigError) as e:
         preflight.check(plan.experiments[:1])  # a list of experiments: no grid point to name
     assert str(e.value) == "host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
+    slow = load_plan(write(tmp_path, variant("faults", [
+        {"at_s": 1, "kind": "stop", "target": "worker0", "for_s": 1},
+        {"at_s": 5, "kind": "slow", "target": "worker1", "for_s": 5, "cpu": 0.2}])), _sections())
+    with pytest.raises(ConfigError) as e:
+        preflight.check(slow)
+    assert str(e.value) == "faults[1]: slow needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
     _machine(monkeypatch, netem=None)  # unknown counts as absent
     with pytest.raises(ConfigError) as e:
         preflight.check(plan.experiments[:1])

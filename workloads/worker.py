@@ -13,6 +13,9 @@ back, without torch), and writes `<out_dir>/worker<rank>.json`:
     events      the scheduler's trace (if tracing)
 
 and, traced PS runs, `<out_dir>/worker<rank>.tx_frames.npz` (schedulers/txstamps.py).
+While it runs it keeps `worker<rank>.progress` (iterations done) and, twice a second,
+`worker<rank>.progress.json` (iterations and bytes per connection, contracts/progress.py)
+up to date for the orchestrator's watchdog.
 
 `main` reads top to bottom: this is the whole loop; set-up and the summary are the
 functions above it.
@@ -31,6 +34,7 @@ from contracts import tx_frames
 from contracts.role_spec import RoleSpec
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext
+from schedulers.progress import ProgressReporter
 from schedulers.txstamps import save as save_tx_frames
 from workloads import profile_file
 from workloads.config import WorkloadConfig
@@ -110,6 +114,7 @@ def summarize(wl: WorkloadConfig, rank: int, trainer, sched, data, final_wait_s:
 def main(spec_path: str) -> int:
     spec = RoleSpec.model_validate_json(Path(spec_path).read_text())
     rank, wl, out_dir = spec.rank, WorkloadConfig.model_validate(spec.workload), Path(spec.out_dir)
+    reporter = ProgressReporter(out_dir, spec.name).start()  # the orchestrator's watchdog reads it
     sched = registry.create(spec.scheduler.name, role_context(spec), spec.scheduler.params)
     trainer, data = make_trainer(wl, sched, rank, len(spec.workers), spec.seed)
 
@@ -128,6 +133,8 @@ def main(spec_path: str) -> int:
         })
         layers += trainer.timing.rows(rank, it, trainer.layer_names)
         progress.write_text(str(it + 1))
+        reporter.iteration(it + 1, end - start)
+    reporter.phase("finishing")
     t0 = time.perf_counter()
     trainer.finish()
     final_wait_s = time.perf_counter() - t0
@@ -140,6 +147,7 @@ def main(spec_path: str) -> int:
     tmp = out_dir / f".worker{rank}.json.tmp"
     tmp.write_text(json.dumps({"summary": summary, "iterations": records, "layers": layers, "events": sched.events}))
     os.replace(tmp, out_dir / f"worker{rank}.json")
+    reporter.stop()
     last = records[-1]["loss"]
     loss_text = "" if math.isnan(last) else f"final loss {last:.3f}, "
     print(f"worker {rank}: {wl.iterations} iterations ({wl.compute}), {loss_text}checksum {summary['checksum']}",
