@@ -123,10 +123,11 @@ def _last_line(path: Path) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
-def _exit_reason(role: str, host: str, rc: int, log_dir: Path) -> str:
+def _exit_reason(role: str, host: str, rc: int, log_dir: Path, injected: str = "") -> str:
+    """`injected`: the fault that caused it, said before the role's last words."""
     how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
     last = _last_line(log_dir / f"{role}.err")
-    return f"{role} on {host} {how}" + (f": {last}" if last else "")
+    return f"{role} on {host} {how}{injected}" + (f": {last}" if last else "")
 
 
 def _evidence(tb: Testbed, stall: Stall, faults: Faults | None = None) -> Evidence:
@@ -167,7 +168,7 @@ def _wait_for_roles(tb: Testbed, roles: list[tuple[str, str, RoleSpec]], exp: Ex
             codes = {r: p.poll() for r, p in tb.roles.items()}
             failed = sorted((r for r, rc in codes.items() if rc not in (None, 0)),
                             key=lambda r: (codes[r] > 0, r.startswith("server"), r))
-            raise RunFailed("; ".join(_exit_reason(r, host_of[r], codes[r], log_dir) + _killed_by(faults, r)
+            raise RunFailed("; ".join(_exit_reason(r, host_of[r], codes[r], log_dir, _killed_by(faults, r))
                                       for r in failed))
         if all(rc == 0 for rc in codes.values()):
             return
