@@ -5,6 +5,7 @@ import fnmatch
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,28 @@ def invoke(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProces
     """Run one of tasks.py's tasks the way a user does (without the bootstrap wrapper)."""
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO, **kw)
+
+
+def wait_for(pred, timeout: float, what: str):
+    """pred()'s first truthy value within `timeout` seconds (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def worker_progress(results: Path, sweep: str, worker: str = "worker1") -> int:
+    """The most iterations `worker` has reported in any run of `sweep` under `results`."""
+    best = 0
+    for p in results.glob(f"{sweep}/*/records/{worker}.progress"):
+        try:
+            best = max(best, int(p.read_text() or 0))
+        except (OSError, ValueError):
+            pass
+    return best
 
 
 def invoke_popen(*args: str) -> subprocess.Popen:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import interfaces, invoke, invoke_popen, needs_root
+from tests.conftest import interfaces, invoke, invoke_popen, needs_root, wait_for, worker_progress
 
 pytestmark = [needs_root, pytest.mark.mininet]
 
@@ -43,24 +42,9 @@ def config(tmp_path: Path, **changes) -> Path:
     return path
 
 
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def progress(results: Path, worker: str = "worker1") -> int:
-    best = 0
-    for p in results.glob(f"e2e/*/records/{worker}.progress"):
-        try:
-            best = max(best, int(p.read_text() or 0))
-        except (OSError, ValueError):
-            pass
-    return best
+    return worker_progress(results, "e2e", worker)
 
 
 def test_run_end_to_end_and_resume(tmp_path, no_leftovers):

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from schedulers import registry
-from tests.conftest import invoke, invoke_popen, needs_root
+from tests.conftest import invoke, invoke_popen, needs_root, wait_for, worker_progress
 
 pytestmark = [needs_root, pytest.mark.mininet]
 
@@ -55,23 +55,8 @@ def faults_of(results: Path, row: pd.Series) -> pd.DataFrame:
 
 
 def progress(results: Path, worker: str = "worker1") -> int:
-    best = 0
-    for p in results.glob(f"{BASE['name']}/*/records/{worker}.progress"):
-        try:
-            best = max(best, int(p.read_text() or 0))
-        except (OSError, ValueError):
-            pass
-    return best
+    return worker_progress(results, BASE["name"], worker)
 
-
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_stalled_worker_is_named_within_30_s(tmp_path, no_leftovers):
