@@ -16,7 +16,7 @@ Byte rates of every link direction come from kernel counters of its root-namespa
 backlog and drops from each direction's shaping (htb root) qdisc, each row with how long
 the read took (the snapshot lies in [t - read_s, t]). CPU: the machine's idle fraction
 (/proc/stat) and the orchestrator's own CPU use (/proc/self/stat, all its threads), per
-`interval_s`.
+`interval_s` but at most 10 times a second (`CPU_INTERVAL_MIN_S`).
 """
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ from pathlib import Path
 import pandas as pd
 
 TICK = os.sysconf("SC_CLK_TCK")
+# /proc/stat counts in ticks of 1/TICK s (10 ms), so a finer CPU sample is noise; reading it
+# (the kernel formats every CPU's and interrupt's counters) costs about 1% of a core at 100 Hz.
+CPU_INTERVAL_MIN_S = 0.1
 
 
 def _cpu_times() -> tuple[float, float]:
@@ -50,6 +53,26 @@ def _self_cpu() -> float:
     return (int(st[11]) + int(st[12])) / TICK
 
 
+class _CpuSampler:
+    """Appends (t - t0, the machine's idle fraction, the orchestrator's CPU share) to `rows`
+    over each interval of at least `every` s, when asked at a tick that is due."""
+
+    def __init__(self, t0: float, every: float, rows: list[tuple]):
+        self.t0, self.every, self.rows = t0, every, rows
+        self.last_t, (self.idle, self.total), self.me = t0, _cpu_times(), _self_cpu()
+        self.due = t0 + every
+
+    def sample(self, now: float) -> None:
+        if now < self.due - 1e-6:
+            return
+        idle, total = _cpu_times()
+        me = _self_cpu()
+        self.rows.append((now - self.t0, (idle - self.idle) / max(total - self.total, 1e-9),
+                          (me - self.me) / (now - self.last_t)))
+        self.last_t, self.idle, self.total, self.me = now, idle, total, me
+        self.due = _next_tick(self.t0, self.every, now)
+
+
 BACKENDS = ("netlink", "tc")
 
 
@@ -67,6 +90,7 @@ class Monitor:
         self.rates = rates
         self.interval_s = interval_s
         self.qdisc_interval_s = qdisc_interval_s
+        self.cpu_interval_s = max(interval_s, CPU_INTERVAL_MIN_S)
         self.link_rows: list[tuple] = []
         self.qdisc_rows: list[tuple] = []
         self.cpu_rows: list[tuple] = []
@@ -84,7 +108,7 @@ class Monitor:
 
     def _run(self) -> None:
         last = {k: self._read(*v) for k, v in self.counters.items()}
-        last_t, (last_idle, last_total), last_self = self.t0, _cpu_times(), _self_cpu()
+        last_t, cpu = self.t0, _CpuSampler(self.t0, self.cpu_interval_s, self.cpu_rows)
         while not self._stop.wait(self.interval_s - (time.monotonic() - self.t0) % self.interval_s):
             now = time.monotonic()
             dt = now - last_t
@@ -93,11 +117,8 @@ class Monitor:
                 src, dst = label.split("->")
                 self.link_rows.append((label, now - self.t0, (cur - last[label]) / dt, self.rates[(src, dst)]))
                 last[label] = cur
-            idle, total = _cpu_times()
-            me = _self_cpu()
-            self.cpu_rows.append((now - self.t0, (idle - last_idle) / max(total - last_total, 1e-9),
-                                  (me - last_self) / dt))
-            last_t, last_idle, last_total, last_self = now, idle, total, me
+            last_t = now
+            cpu.sample(now)
 
     def _run_qdiscs(self) -> None:
         by_ns: dict[int | None, dict[str, str]] = {}
@@ -122,7 +143,8 @@ class Monitor:
         one clock from t0; a tick that comes late is taken once, not caught up."""
         nl = self._sampler
         last = {label: (v, self.t0) for label, v in nl.counters().items()}  # label -> (counter, when read)
-        last_t, (last_idle, last_total), last_self = self.t0, _cpu_times(), _self_cpu()
+        direction = {label: tuple(label.split("->")) for label in self.counters}  # the key of `rates`
+        cpu = _CpuSampler(self.t0, self.cpu_interval_s, self.cpu_rows)
         q_every = self.qdisc_interval_s if self.egress else math.inf
         next_q, next_l = self.t0 + q_every, self.t0 + self.interval_s
         while not self._stop.wait(max(0.0, min(next_q, next_l) - time.monotonic())):
@@ -136,18 +158,13 @@ class Monitor:
             if not links_due:
                 continue
             now = time.monotonic()  # before the counters are read
-            dt = now - last_t
+            t, rows, rates = now - self.t0, self.link_rows, self.rates
             for label, v in nl.counters().items():  # a failed read leaves labels out, not wrong
-                if label in last:
-                    src, dst = label.split("->")
-                    self.link_rows.append((label, now - self.t0, (v - last[label][0]) / (now - last[label][1]),
-                                           self.rates[(src, dst)]))
+                was = last.get(label)
+                if was is not None:
+                    rows.append((label, t, (v - was[0]) / (now - was[1]), rates[direction[label]]))
                 last[label] = (v, now)
-            idle, total = _cpu_times()
-            me = _self_cpu()
-            self.cpu_rows.append((now - self.t0, (idle - last_idle) / max(total - last_total, 1e-9),
-                                  (me - last_self) / dt))
-            last_t, last_idle, last_total, last_self = now, idle, total, me
+            cpu.sample(now)
             next_l = _next_tick(self.t0, self.interval_s, now)
 
     def start(self) -> Monitor:

@@ -61,6 +61,7 @@ _IFSTATS = struct.Struct("=BxxxiI")  # if_stats_msg: family, ifindex, filter_mas
 _QUEUE = struct.Struct("=IIIII")  # gnet_stats_queue: qlen, backlog, drops, requeues, overlimits
 _QUEUE3 = struct.Struct("=III")  # its qlen, backlog, drops
 _IFINDEX = struct.Struct("=4xi")  # the ifindex of a tcmsg or an if_stats_msg
+_IF_PARENT = struct.Struct("=4xi4xI")  # a tcmsg's ifindex and parent
 _BASIC = struct.Struct("=QI")  # gnet_stats_basic: bytes, packets
 _LINK64 = struct.Struct("=QQQQ")  # rtnl_link_stats64: rx_packets, tx_packets, rx_bytes, tx_bytes, ...
 _ERR = struct.Struct("=i")
@@ -72,6 +73,7 @@ HTB_HANDLE, HTB_CLASS = 0x50000, 0x50001  # emu/tc.py: HANDLE "5:", CLASS "5:1"
 assert tc.HANDLE == "5:" and tc.CLASS == "5:1"
 
 BUF_BYTES = 1 << 16
+DUMP_FROM = 4  # a namespace shaping this many interfaces or more is read by one dump
 
 
 class NetlinkError(RuntimeError):
@@ -113,6 +115,13 @@ def link_stats_request(seq: int = 0) -> bytes:
     """RTM_GETSTATS dump of every interface's 64-bit counters (and nothing else)."""
     mask = 1 << (IFLA_STATS_LINK_64 - 1)
     return _message(RTM_GETSTATS, NLM_F_REQUEST | NLM_F_DUMP, _IFSTATS.pack(socket.AF_UNSPEC, 0, mask), seq)
+
+
+def qdisc_dump_request(seq: int = 0) -> bytes:
+    """RTM_GETQDISC dump of every qdisc of the namespace, packed many to a datagram: where a
+    namespace shapes many interfaces (the switch's), cheaper than one get each (measured:
+    bench/bench_testbed.py's monitor section)."""
+    return _message(RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP, _TCMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0), seq)
 
 
 _psched: float | None = None
@@ -434,13 +443,18 @@ class Sampler:
             wanted.setdefault(None, set()).update(intf for intf, _ in counters.values())
         self._socks = sockets if sockets is not None else open_sockets({ns: sorted(d) for ns, d in wanted.items()})
         self._buf = bytearray(BUF_BYTES)
-        # Per namespace: socket, all its requests in one datagram, how many replies, ifindex -> labels.
+        # Per namespace: socket, its request (gets in one datagram, or a dump), how many
+        # replies (0: a dump, read to its end), ifindex -> labels.
         self._queries: list[tuple[socket.socket, bytes, int, dict[int, list[str]]]] = []
         by_ns: dict[Ns, dict[int, list[str]]] = {}
         for label, (dev, ns) in egress.items():
             by_ns.setdefault(ns, {}).setdefault(self._socks[ns][1][dev], []).append(label)
         for ns, labels in by_ns.items():
-            self._queries.append((self._socks[ns][0], b"".join(qdisc_request(i) for i in labels), len(labels), labels))
+            if len(labels) >= DUMP_FROM:
+                self._queries.append((self._socks[ns][0], qdisc_dump_request(), 0, labels))
+            else:
+                self._queries.append((self._socks[ns][0], b"".join(qdisc_request(i) for i in labels), len(labels),
+                                      labels))
         self._counters: dict[int, list[tuple[str, bool]]] = {}
         for label, (intf, direction) in counters.items():
             self._counters.setdefault(self._socks[None][1][intf], []).append((label, direction == "tx"))
@@ -450,37 +464,55 @@ class Sampler:
 
     def qdiscs(self, rows: list, t0: float, now=time.monotonic) -> None:
         """Appends (label, t - t0, read_s, backlog bytes, drops) per shaped interface: one
-        exchange per namespace, timed (the snapshot lies within [t - read_s, t])."""
-        buf, cache = self._buf, self._queue_at
+        exchange per namespace, timed (the snapshot lies within [t - read_s, t]; one
+        exchange's start is the previous one's end, so one clock read each)."""
+        before = now()
         for sock, request, expect, labels in self._queries:
             got: list[tuple[int, int, int] | None] = []
-            before = now()
             try:
                 sock.send(request)
-                while len(got) < expect:
-                    n = _recv(sock, buf)
-                    off = 0
-                    while off + _HDR.size <= n:  # messages(), inlined: this runs 3,000 times a second
-                        length, mtype = _HDR_HEAD.unpack_from(buf, off)
-                        if length < _HDR.size or off + length > n:
-                            break
-                        if mtype == RTM_NEWQDISC:
-                            got.append(queue_stats(buf, off + _HDR.size, off + length, cache))
-                        elif mtype == NLMSG_ERROR:
-                            got.append(None)  # this interface is gone; its peers still count
-                        off += (length + 3) & ~3
+                self._replies(sock, expect, labels, got)
             except OSError:
-                drain(sock, buf)
+                drain(sock, self._buf)
+                before = now()
                 continue
             after = now()
             t, read_s = after - t0, after - before
             for q in got:
                 if q is not None:
-                    for label in labels.get(q[0], ()):
+                    for label in labels[q[0]]:
                         rows.append((label, t, read_s, q[1], q[2]))
+            before = after
+
+    def _replies(self, sock: socket.socket, expect: int, labels: dict[int, list[str]], got: list) -> None:
+        """The root qdiscs of `labels`' interfaces among the replies: `expect` of them to gets
+        (an error stands for an interface that is gone), or those of a dump, to its end. The
+        parse is messages() and parse_qdisc inlined: this runs thousands of times a second."""
+        buf, cache = self._buf, self._queue_at
+        while True:
+            n = _recv(sock, buf)
+            off = 0
+            while off + _HDR.size <= n:
+                length, mtype = _HDR_HEAD.unpack_from(buf, off)
+                if length < _HDR.size or off + length > n:
+                    break
+                if mtype == RTM_NEWQDISC:
+                    ifindex, parent = _IF_PARENT.unpack_from(buf, off + _HDR.size)
+                    if parent == TC_H_ROOT and ifindex in labels:
+                        got.append(queue_stats(buf, off + _HDR.size, off + length, cache))
+                elif mtype == NLMSG_ERROR:
+                    if not expect:
+                        return  # a dump that failed: what came so far counts
+                    got.append(None)
+                elif mtype == NLMSG_DONE:
+                    return
+                off += (length + 3) & ~3
+            if expect and len(got) >= expect:
+                return
 
     def counters(self) -> dict[str, int]:
-        """label -> the byte counter now (root namespace, one dump)."""
+        """label -> the byte counter now (root namespace, one dump; messages() and
+        parse_link_stats inlined, as in _replies)."""
         out: dict[str, int] = {}
         if self._dump is None:
             return out
@@ -489,18 +521,22 @@ class Sampler:
             self._dump.send(self._dump_request)
             while True:
                 n = _recv(self._dump, buf)
-                done = False
-                for m in messages(buf, n):
-                    if m.type == RTM_NEWSTATS:
-                        if _IFINDEX.unpack_from(buf, m.start)[0] not in want:
-                            continue  # the machine's other interfaces
-                        got = parse_link_stats(buf, m.start, m.end)
-                        if got is not None:
-                            for label, is_tx in want[got[0]]:
-                                out[label] = got[2] if is_tx else got[1]
-                    elif m.type in (NLMSG_DONE, NLMSG_ERROR):
-                        done = True
-                if done or n == 0:
+                off = 0
+                while off + _HDR.size <= n:
+                    length, mtype = _HDR_HEAD.unpack_from(buf, off)
+                    if length < _HDR.size or off + length > n:
+                        break
+                    if mtype == RTM_NEWSTATS:
+                        labels = want.get(_IFINDEX.unpack_from(buf, off + _HDR.size)[0])
+                        if labels is not None:  # else one of the machine's other interfaces
+                            got = parse_link_stats(buf, off + _HDR.size, off + length)
+                            if got is not None:
+                                for label, is_tx in labels:
+                                    out[label] = got[2] if is_tx else got[1]
+                    elif mtype in (NLMSG_DONE, NLMSG_ERROR):
+                        return out
+                    off += (length + 3) & ~3
+                if n == 0:
                     return out
         except OSError:
             drain(self._dump, buf)

@@ -179,11 +179,11 @@ def test_the_sampler_turns_replies_into_the_tables_rows():
     counters = {"s1->h1": ("s1-eth1", "tx"), "h1->s1": ("s1-eth1", "rx"), "h2->s1": ("s1-eth2", "rx")}
     sockets = {4242: (h1, {"h1-eth0": 2}), None: (root, {"s1-eth1": 5, "s1-eth2": 6})}
     s = netlink.Sampler(egress, counters, sockets=sockets, dump_socket=dump)
-    clock = iter([10.0, 10.001, 10.002, 10.004])
+    clock = iter([10.0, 10.001, 10.003])  # each exchange starts where the one before ended
     rows: list = []
     s.qdiscs(rows, t0=9.0, now=lambda: next(clock))
     assert rows == [("h1->s1", pytest.approx(1.001), pytest.approx(0.001), 9_000, 1),
-                    ("s1->h1", pytest.approx(1.004), pytest.approx(0.002), 64_000, 0)]
+                    ("s1->h1", pytest.approx(1.003), pytest.approx(0.002), 64_000, 0)]
     assert h1.sent == [netlink.qdisc_request(2)] and root.sent == [netlink.qdisc_request(5) + netlink.qdisc_request(6)]
     assert s.counters() == {"s1->h1": 1_000, "h1->s1": 100, "h2->s1": 200}
     assert dump.sent == [netlink.link_stats_request()]
@@ -192,6 +192,27 @@ def test_the_sampler_turns_replies_into_the_tables_rows():
     rows.clear()
     s.qdiscs(rows, t0=0.0)
     assert [r[0] for r in rows] == ["s1->h1"]
+
+
+def test_a_namespace_with_many_shaped_interfaces_is_read_by_one_dump():
+    """The switch's namespace: one dump over two datagrams; only the root qdiscs of its
+    shaped interfaces count (not a class's leaf qdisc, not the machine's other devices)."""
+    ports = {f"s1-eth{i}": 10 + i for i in range(1, 5)}
+    replies = [qdisc_reply(11, 1_500, 0) + qdisc_reply(11, 99, 9, parent=0x50001) + qdisc_reply(2, 77, 7),
+               qdisc_reply(12, 0, 3) + qdisc_reply(13, 3_000, 0) + qdisc_reply(14, 0, 0) + done()]
+    root = ReplaySocket([replies])
+    egress = {f"s1->h{i}": (f"s1-eth{i}", None) for i in range(1, 5)}
+    s = netlink.Sampler(egress, {}, sockets={None: (root, ports)})
+    rows: list = []
+    s.qdiscs(rows, t0=0.0)
+    assert root.sent == [netlink.qdisc_dump_request()]
+    assert [(r[0], r[3], r[4]) for r in rows] == [("s1->h1", 1_500, 0), ("s1->h2", 0, 3), ("s1->h3", 3_000, 0),
+                                                  ("s1->h4", 0, 0)]
+    # A dump the kernel refuses keeps what came before the error.
+    root.script = [[qdisc_reply(11, 1, 0) + error_reply(16)]]
+    rows.clear()
+    s.qdiscs(rows, t0=0.0)
+    assert [(r[0], r[3]) for r in rows] == [("s1->h1", 1)]
 
 
 def test_the_netlink_monitor_samples_queues_before_counters_on_its_two_clocks(monkeypatch):
@@ -219,7 +240,7 @@ def test_the_netlink_monitor_samples_queues_before_counters_on_its_two_clocks(mo
     time.sleep(0.32)
     links, qdiscs, cpu = mon.stop()
     assert calls[-1][0] == "closed"
-    assert 20 <= len(qdiscs) <= 33 and 4 <= len(links) <= 7 and len(cpu) == len(links)
+    assert 20 <= len(qdiscs) <= 33 and 4 <= len(links) <= 7 and 2 <= len(cpu) <= 4  # CPU: every 0.1 s at most
     assert list(qdiscs.columns) == ["link", "t", "read_s", "backlog_bytes", "drops"]
     assert list(links.columns) == ["link", "t", "tx_bytes_per_s", "configured_bps"]
     kinds = "".join(k for k, _ in calls[1:-1])  # after the first counter read at start
@@ -284,15 +305,17 @@ def netns_pair():
 
 @pytest.mark.root
 @pytest.mark.skipif(not IS_ROOT, reason="creates network namespaces (needs root)")
-def test_netlink_reads_and_changes_what_tc_reads_and_changes(netns_pair):
+def test_netlink_reads_and_changes_what_tc_reads_and_changes(netns_pair, monkeypatch):
     a, b, dev = netns_pair
     path = f"/run/netns/{a}"
     want = next(q for q in json.loads(ip("tc", "-s", "-j", "qdisc", "show", "dev", dev, ns=a)) if q.get("root"))
-    rows: list = []
-    s = netlink.Sampler({"a->b": (dev, path)}, {})
-    s.qdiscs(rows, t0=0.0)
-    s.close()
-    assert want["backlog"] > 0 and [(r[3], r[4]) for r in rows] == [(want["backlog"], want["drops"])]
+    for dump_from in (netlink.DUMP_FROM, 1):  # one get, then the dump a switch's namespace gets
+        monkeypatch.setattr(netlink, "DUMP_FROM", dump_from)
+        rows: list = []
+        s = netlink.Sampler({"a->b": (dev, path)}, {})
+        s.qdiscs(rows, t0=0.0)
+        s.close()
+        assert want["backlog"] > 0 and [(r[3], r[4]) for r in rows] == [(want["backlog"], want["drops"])]
     # Link counters: one dump, as ip reads them.
     (sock, index), = netlink.open_sockets({path: [dev]}).values()
     s = netlink.Sampler({}, {}, sockets={}, dump_socket=sock)
@@ -325,6 +348,6 @@ def test_the_netlink_monitor_in_a_namespace_pair(netns_pair):
                   qdisc_interval_s=0.01, backend="netlink").start()
     time.sleep(0.5)
     _, qdiscs, cpu = mon.stop()
-    assert 35 <= len(qdiscs) <= 51 and qdiscs["read_s"].max() < 0.005 and len(cpu) >= 8
+    assert 35 <= len(qdiscs) <= 51 and qdiscs["read_s"].max() < 0.005 and len(cpu) >= 4  # CPU: every 0.1 s
     assert (qdiscs["backlog_bytes"] > 0).all()
     assert all(sock.fileno() == -1 for sock, _ in mon._sampler._socks.values())  # closed: the namespace can go
