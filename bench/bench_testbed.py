@@ -115,14 +115,16 @@ def _directions(spec) -> list[tuple[str, str, float]]:
     return [(ln.a, ln.b, ln.ab_mbps) for ln in spec.links] + [(ln.b, ln.a, ln.ba_mbps) for ln in spec.links]
 
 
-def sample(tb: Testbed, spec, backend: str, hz: float, seconds: float) -> dict[str, float]:
-    """Every link direction's counters and qdisc sampled at `hz` for `seconds`: samples per
-    second achieved, and the harness's CPU seconds per second (own; with waited-for children)."""
+def sample(tb: Testbed, spec, backend: str, hz: float, seconds: float, counter_hz: float | None = None
+           ) -> dict[str, float]:
+    """Every link direction's qdisc sampled at `hz` and counters at `counter_hz` (default:
+    `hz`) for `seconds`: samples per second achieved, and the harness's CPU seconds per
+    second (own; with waited-for children)."""
     dirs = _directions(spec)
     mon = Monitor(counters={f"{a}->{b}": tb.counter(a, b) for a, b, _ in dirs},
                   egress={f"{a}->{b}": tb.egress(a, b) for a, b, _ in dirs},
-                  rates={(a, b): m * 1e6 for a, b, m in dirs}, interval_s=1 / hz, qdisc_interval_s=1 / hz,
-                  backend=backend)
+                  rates={(a, b): m * 1e6 for a, b, m in dirs}, interval_s=1 / (counter_hz or hz),
+                  qdisc_interval_s=1 / hz, backend=backend)
     t_open = time.monotonic()
     mon.start()
     opened = time.monotonic() - t_open
@@ -139,16 +141,49 @@ def sample(tb: Testbed, spec, backend: str, hz: float, seconds: float) -> dict[s
 def monitor_overhead(sizes: list[int], state: StateDir, seconds: float) -> None:
     print(f"\n## Monitor overhead: every link direction's counters and shaping qdisc of an idle star, "
           f"{seconds:g} s each, in the same network")
-    print("| hosts | qdiscs | backend | target Hz | qdisc samples/s each | counter samples/s each | harness CPU s/s "
-          "| with its tc processes s/s | sockets opened in s |\n|---|---|---|---|---|---|---|---|---|")
+    print("| hosts | qdiscs | backend | target Hz (queues / counters) | qdisc samples/s each "
+          "| counter samples/s each | harness CPU s/s | with its tc processes s/s | sockets opened in s |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    sweeps = []
     for n in sizes:
         spec = StarTopology.model_validate({"kind": "star", "count": n, "bw_mbps": 100}).resolve()
         with Testbed(spec, state) as tb:
-            for backend, hz in (("netlink", 100), ("tc", 100), ("tc", 10)):
-                r = sample(tb, spec, backend, hz, seconds)
+            # The last: a run's defaults (queues at 100 Hz, counters and CPU at 10 Hz).
+            for backend, hz, counter_hz in (("netlink", 100, 100), ("tc", 100, 100), ("tc", 10, 10),
+                                            ("netlink", 100, 10)):
+                r = sample(tb, spec, backend, hz, seconds, counter_hz)
                 opened = f"{r['open_s']:.3f}" if backend == "netlink" else "-"
-                print(f"| {n} | {2 * len(spec.links)} | {backend} | {hz} | {r['qdisc_hz']:.1f} | {r['link_hz']:.1f} "
+                print(f"| {n} | {2 * len(spec.links)} | {backend} | {hz} / {counter_hz} | {r['qdisc_hz']:.1f} "
+                      f"| {r['link_hz']:.1f} "
                       f"| {r['own']:.3f} | {r['with_children']:.3f} | {opened} |", flush=True)
+            sweeps.append((n, sweep_cost(tb, spec)))
+    print("\nOne netlink read of every queue, CPU microseconds (user + kernel) back to back and once "
+          "every 10 ms (what 100 Hz costs: the core idles between reads and each starts cold):")
+    for n, (tight, paced) in sweeps:
+        print(f"- {n} hosts: back to back {tight:.0f} us, every 10 ms {paced:.0f} us", flush=True)
+
+
+def sweep_cost(tb: Testbed, spec) -> tuple[float, float]:
+    """CPU microseconds of one Sampler.qdiscs over every shaped interface: in a tight loop,
+    and paced at 100 Hz."""
+    from emu.netlink import Sampler
+
+    dirs = _directions(spec)
+    s = Sampler({f"{a}->{b}": tb.egress(a, b) for a, b, _ in dirs}, {})
+    rows: list = []
+    try:
+        out = []
+        for k, pause in ((2000, 0.0), (300, 0.01)):
+            c0 = _cpu_s(resource.RUSAGE_THREAD)
+            for _ in range(k):
+                s.qdiscs(rows, 0.0)
+                rows.clear()
+                if pause:
+                    time.sleep(pause)
+            out.append((_cpu_s(resource.RUSAGE_THREAD) - c0) / k * 1e6)
+        return out[0], out[1]
+    finally:
+        s.close()
 
 
 def shaping_lag(state: StateDir, seconds: float, hosts: int = 8, period_s: float = 0.2) -> None:
