@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import io
 import os
 import re
@@ -35,7 +34,7 @@ from pydantic import BaseModel
 from tqdm import tqdm
 
 from emu import preflight
-from emu.cleanup import STATE_ROOT, StateDir, alive, clean, start_time
+from emu.cleanup import StateDir, alive, start_time
 from emu.config import ConfigError
 from emu.plan import Plan
 from emu.results import completed, flatten, read_runs, record_run
@@ -159,18 +158,6 @@ def _remove_dead_tmps() -> list[str]:
     return removed
 
 
-def clean_when_network_free() -> list[str]:
-    """What dead orchestrators on this machine left (a node lost mid-run left its network
-    up): removed once no live run holds the network, so a retry never finds its names taken."""
-    STATE_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(STATE_ROOT / "network.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            return clean() + _remove_dead_tmps()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def pack(run_dir: Path) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -200,26 +187,31 @@ def run_on_node(exp, repeat: int, point: dict) -> NodeResult:
 
     node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
     preflight.check([exp])  # this node's kernel: a ConfigError is the run's reason
-    cleaned = clean_when_network_free()
+    _remove_dead_tmps()
     tmp = _own_tmp()
     run_dir = tmp / exp.name / exp.run_id(repeat)
     try:
         old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)  # `ray stop`: tear the network down
     except ValueError:  # not the main thread
         old_term = None
+    said = io.StringIO()  # the Testbed's notes: what a killed run left, removed before this one
     try:
-        with StateDir() as state:
+        with StateDir() as state, contextlib.redirect_stderr(said):
             try:
                 row = run_one(exp, repeat, tmp, state, extra={**point_columns(point), "ray_node": node})
             except Exception:  # noqa: BLE001 - run_one recorded the failed row before raising
                 runs = read_runs(tmp / exp.name)
                 row = runs.iloc[-1].to_dict()
                 (run_dir / "logs" / "harness.err").write_text(traceback.format_exc())
+        cleaned = [ln.removeprefix("cleaned up ") for ln in said.getvalue().splitlines()
+                   if ln.startswith("cleaned up ")]
         return NodeResult(row=row, tarball=pack(run_dir), node=node, cleaned=cleaned)
     finally:
+        sys.stderr.write(said.getvalue())  # the node's worker log keeps them too
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
         shutil.rmtree(tmp, ignore_errors=True)
+        _remove_dead_tmps()  # a worker killed while this run waited for the network
 
 
 def failed_row(exp, repeat: int, point: dict, reason: str) -> dict:

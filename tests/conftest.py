@@ -46,6 +46,8 @@ SLOW = [
     "tests/test_models.py::test_forward_matches_the_data[resnet]",
     "tests/test_models.py::test_forward_matches_the_data[vgg]",
     "tests/test_models.py::test_paper_preset_has_the_published_size[bert]",
+    "tests/test_raysweep.py::test_cli_unreachable_address_exit_2_nothing_created",
+    "tests/test_raysweep.py::test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run",
     "tests/test_replay.py::test_profiler_cli_writes_a_replayable_profile",
     "tests/test_replay.py::test_replay_aggregates_exactly_in_order[bytescheduler-params1]",
     "tests/test_replay.py::test_replay_keeps_the_profiles_per_layer_times",
