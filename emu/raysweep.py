@@ -106,6 +106,15 @@ def _quiet_environment(address: str) -> dict[str, str]:
     return env
 
 
+def _remove_dead_local_dirs() -> None:
+    """Temporary directories of `--ray local` clusters whose driver was killed (kill -9: no
+    cleanup ran); their processes exit on their own once the driver is gone."""
+    for d in Path(tempfile.gettempdir()).glob("schedlab-ray-*-*"):
+        pid = d.name.split("-")[2]
+        if pid.isdigit() and not alive(int(pid), None):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def connect(address: str) -> Iterator[Any]:
     """ray, initialised: `local` starts a one-node cluster with {"emu": 1} in a temporary
@@ -121,7 +130,9 @@ def connect(address: str) -> Iterator[Any]:
     tmp = None
     try:
         if address == "local":
-            tmp = tempfile.mkdtemp(prefix="schedlab-ray-")  # short: Ray's socket paths must fit 107 bytes
+            _remove_dead_local_dirs()
+            # short: Ray's socket paths must fit 107 bytes
+            tmp = tempfile.mkdtemp(prefix=f"schedlab-ray-{os.getpid()}-")
             ray.init(num_cpus=1, resources={RESOURCE: 1}, include_dashboard=False, _temp_dir=tmp,
                      object_store_memory=256 * 2**20, **common)
         else:
@@ -190,10 +201,11 @@ def run_on_node(exp, repeat: int, point: dict) -> NodeResult:
     _remove_dead_tmps()
     tmp = _own_tmp()
     run_dir = tmp / exp.name / exp.run_id(repeat)
-    try:
-        old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)  # `ray stop`: tear the network down
+    try:  # `ray stop` (SIGTERM) and ray.cancel (a simulated SIGINT) end the run with its network torn down
+        old = {signal.SIGTERM: signal.signal(signal.SIGTERM, terminate_as_interrupt),
+               signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}  # Ray starts it ignored
     except ValueError:  # not the main thread
-        old_term = None
+        old = {}
     said = io.StringIO()  # the Testbed's notes: what a killed run left, removed before this one
     try:
         with StateDir() as state, contextlib.redirect_stderr(said):
@@ -208,8 +220,8 @@ def run_on_node(exp, repeat: int, point: dict) -> NodeResult:
         return NodeResult(row=row, tarball=pack(run_dir), node=node, cleaned=cleaned)
     finally:
         sys.stderr.write(said.getvalue())  # the node's worker log keeps them too
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_dead_tmps()  # a worker killed while this run waited for the network
 
@@ -290,8 +302,8 @@ def _cancel(ray, pending: dict) -> None:
     for ref in refs:
         ray.cancel(ref)
     if refs:
-        print(f"ray: cancelled {len(refs)} run(s); waiting up to {CANCEL_GRACE_S} s for their networks to go down",
-              file=sys.stderr)
+        tqdm.write(f"ray: cancelled {len(refs)} run(s); waiting up to {CANCEL_GRACE_S} s for their networks to go down",
+                   file=sys.stderr)
         ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
 
 

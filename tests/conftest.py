@@ -47,6 +47,7 @@ SLOW = [
     "tests/test_models.py::test_forward_matches_the_data[vgg]",
     "tests/test_models.py::test_paper_preset_has_the_published_size[bert]",
     "tests/test_raysweep.py::test_cli_unreachable_address_exit_2_nothing_created",
+    "tests/test_raysweep.py::test_sigterm_cancels_the_runs_and_leaves_no_ray_process",
     "tests/test_raysweep.py::test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run",
     "tests/test_replay.py::test_profiler_cli_writes_a_replayable_profile",
     "tests/test_replay.py::test_replay_aggregates_exactly_in_order[bytescheduler-params1]",

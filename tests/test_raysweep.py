@@ -355,3 +355,32 @@ def test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run(tmp_path, 
              10, "the cluster's processes to exit")
     assert not list(raysweep.RUNS_TMP.glob("*"))
     shutil.rmtree(ray_tmp)
+
+
+@needs_root
+@pytest.mark.mininet
+def test_sigterm_cancels_the_runs_and_leaves_no_ray_process(tmp_path, no_leftovers):
+    """`--ray local` stopped by SIGTERM mid-run: the run is cancelled (its network torn down),
+    exit 130, and the local cluster is gone, processes and temporary directory."""
+    import tasks
+
+    tasks._ensure_ray()
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({**SWEEP, "seeds": [0, 1], "workload": {**SWEEP["workload"], "iterations": 200}}))
+    proc = invoke_popen("sweep", str(path), "--ray", "local", "--results", str(tmp_path / "results"))
+    try:
+        wait_for(lambda: any((r / "records" / "worker1.progress").exists()
+                             for r in raysweep.RUNS_TMP.glob(f"*/{SWEEP['name']}/*")), 120, "a run on the node")
+        local = list(Path(tempfile.gettempdir()).glob(f"schedlab-ray-{proc.pid}-*"))
+        assert len(local) == 1
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert "ray: cancelled 2 run(s)" in err and err.strip().endswith("the same command resumes the sweep")
+    assert not local[0].exists()
+    wait_for(lambda: not [p for p in os.listdir("/proc") if p.isdigit() and str(local[0]).encode() in _cmdline(p)],
+             10, "the local cluster's processes to exit")
+    assert not (tmp_path / "results" / SWEEP["name"] / "runs.parquet").exists()  # nothing finished
