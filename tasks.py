@@ -78,15 +78,18 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
 
     try:
         plan = load_plan(config, _sections(), overrides)
-        preflight.check(plan)
         shard_ = _parse_shard(shard)
         if ray is not None:
             from emu.raysweep import parse_address
 
             ray = parse_address(ray)
+        remote = ray not in (None, "local")  # the cluster's nodes check and run the networks, not this machine
+        if not remote:
+            preflight.check(plan)
     except ConfigError as e:
         raise Exit(f"error: {e}", code=2) from None
-    _need_root("run")
+    if not remote:
+        _need_root("run")
     if ray is not None:
         _ensure_ray()
     from emu.sweep import run_plan

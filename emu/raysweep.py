@@ -310,10 +310,12 @@ def _cancel(ray, pending: dict) -> None:
 def run_plan_on_ray(plan: Plan, results_root: Path, address: str, force: bool = False,
                     shard: tuple[int, int] | None = None) -> list[dict]:
     """run_plan's contract (skip what is done, each run once, a row per run) over a Ray
-    cluster; `address` as parse_address returns it."""
+    cluster; `address` as parse_address returns it. Only `local` needs root here: elsewhere
+    the driver writes results and the nodes run the networks."""
     from emu.runner import terminate_as_interrupt
 
-    preflight.check(plan)
+    if address == "local":  # a cluster's nodes check their own kernels, run by run (run_on_node)
+        preflight.check(plan)
     sweep_dir = results_root / plan.name
     done = set() if force else completed(sweep_dir)
     todo = plan_runs(plan, shard)

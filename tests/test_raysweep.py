@@ -384,3 +384,21 @@ def test_sigterm_cancels_the_runs_and_leaves_no_ray_process(tmp_path, no_leftove
     wait_for(lambda: not [p for p in os.listdir("/proc") if p.isdigit() and str(local[0]).encode() in _cmdline(p)],
              10, "the local cluster's processes to exit")
     assert not (tmp_path / "results" / SWEEP["name"] / "runs.parquet").exists()  # nothing finished
+
+
+def test_the_example_cluster_file_is_valid_for_ray_up():
+    """configs/ray/cluster.yaml against the schema `ray up` checks first; its nodes are set up by
+    scripts/setup.sh with the Ray group, and each worker node offers one network."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray")
+    if spec is None:
+        pytest.skip("Ray is not installed here (the first --ray installs it)")
+    import jsonschema
+
+    cfg = yaml.safe_load((REPO / "configs" / "ray" / "cluster.yaml").read_text())
+    schema = json.loads((Path(spec.origin).parent / "autoscaler" / "ray-schema.json").read_text())
+    jsonschema.validate(cfg, schema)
+    assert any("scripts/setup.sh ray" in c for c in cfg["setup_commands"])
+    assert """--resources='{"emu": 1}'""" in " ".join(cfg["worker_start_ray_commands"])
+    assert cfg["available_node_types"]["emu"]["resources"] == {"emu": 1}
