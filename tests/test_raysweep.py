@@ -339,6 +339,7 @@ def test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run(tmp_path, 
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         cluster.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     got = pd.read_parquet(runs).set_index("run_id")
     assert len(got) == 5 and got.index.is_unique and (got["status"] == "ok").all(), got[["status", "reason"]]
     node_of = got["ray_node"].str.split("/").str[1]
@@ -354,7 +355,6 @@ def test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run(tmp_path, 
     wait_for(lambda: not [p for p in os.listdir("/proc") if p.isdigit() and str(ray_tmp).encode() in _cmdline(p)],
              10, "the cluster's processes to exit")
     assert not list(raysweep.RUNS_TMP.glob("*"))
-    shutil.rmtree(ray_tmp)
 
 
 @needs_root
