@@ -52,7 +52,25 @@ def _add_bounds(sweep_dir: Path) -> None:
         update_runs(sweep_dir, lambda runs: annotate(runs, sweep_dir))
 
 
-def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None):
+def _ensure_ray() -> None:
+    """Ray is an optional dependency group (pyproject.toml: ray): the first --ray installs its
+    lock, requirements-ray.txt, into this environment (scripts/setup.sh ray, one line on stderr)."""
+    import importlib
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("ray") is not None:
+        return
+    rc = subprocess.run([str(REPO / "scripts" / "setup.sh"), "ray"], env={**os.environ, "SCHEDLAB_VENV": sys.prefix}
+                        ).returncode
+    importlib.invalidate_caches()
+    if rc or importlib.util.find_spec("ray") is None:
+        raise Exit(f"error: --ray: installing Ray (requirements-ray.txt) into {sys.prefix} failed (output above)",
+                   code=1)
+
+
+def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None,
+                ray: str | None = None):
     """Validate, check against this machine, run and report a config; returns its plan."""
     from emu import preflight
     from emu.config import ConfigError
@@ -60,18 +78,35 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
 
     try:
         plan = load_plan(config, _sections(), overrides)
-        preflight.check(plan)
         shard_ = _parse_shard(shard)
+        if ray is not None:
+            from emu.raysweep import parse_address
+
+            ray = parse_address(ray)
+        remote = ray not in (None, "local")  # the cluster's nodes check and run the networks, not this machine
+        if not remote:
+            preflight.check(plan)
     except ConfigError as e:
         raise Exit(f"error: {e}", code=2) from None
-    _need_root("run")
+    if not remote:
+        _need_root("run")
+    if ray is not None:
+        _ensure_ray()
     from emu.sweep import run_plan
 
     try:
-        rows = run_plan(plan, Path(results), force=force, shard=shard_)
+        if ray is None:
+            rows = run_plan(plan, Path(results), force=force, shard=shard_)
+        else:
+            from emu.raysweep import run_plan_on_ray
+
+            rows = run_plan_on_ray(plan, Path(results), ray, force=force, shard=shard_)
+    except ConfigError as e:
+        raise Exit(f"error: {e}", code=2) from None
     except KeyboardInterrupt:
-        raise Exit("interrupted: network torn down, finished runs kept, this run recorded as interrupted",
-                   code=130) from None
+        raise Exit("interrupted: network torn down, finished runs kept, this run recorded as interrupted"
+                   if ray is None else "interrupted: runs left cancelled (their networks torn down), finished runs "
+                   "kept; the same command resumes the sweep", code=130) from None
     finally:
         _add_bounds(Path(results) / plan.name)
     failed = [r for r in rows if r["status"] != "ok"]
@@ -87,20 +122,22 @@ _RUN_HELP = {
     "results": "results root (default: results/)",
     "force": "re-run runs that already completed",
     "shard": "run only shard i of n, e.g. 0/4 (merge the shards' results with `merge`)",
+    "ray": "run the runs as Ray tasks: 'local' (a one-node cluster here), or a head node's HOST:PORT "
+           "(README: From one machine to N); Ray is installed the first time",
 }
 
 
 @task(iterable=["set"], help=_RUN_HELP)
-def run(c, config, set=None, results=str(RESULTS), force=False, shard=None):  # noqa: A002 - the flag is --set
+def run(c, config, set=None, results=str(RESULTS), force=False, shard=None, ray=None):  # noqa: A002 - --set
     """Run every experiment of a config; completed runs are skipped (resume after a crash)."""
-    plan = _run_config(config, set or [], results, force, shard)
+    plan = _run_config(config, set or [], results, force, shard, ray)
     print(f"results: {Path(results) / plan.name / 'runs.parquet'}")
 
 
 @task(iterable=["set"], help=_RUN_HELP)
-def sweep(c, config, set=None, results=str(RESULTS), force=False, shard=None):  # noqa: A002
-    """Run a sweep file (base config x grid x zip x seeds x repeats); resumable, shardable."""
-    run(c, config, set=set, results=results, force=force, shard=shard)
+def sweep(c, config, set=None, results=str(RESULTS), force=False, shard=None, ray=None):  # noqa: A002
+    """Run a sweep file (base config x grid x zip x seeds x repeats); resumable, shardable, on Ray with --ray."""
+    run(c, config, set=set, results=results, force=force, shard=shard, ray=ray)
 
 
 _TUNE_HELP = {

@@ -25,7 +25,7 @@ from mininet.node import CPULimitedHost, Host
 from mininet.nodelib import LinuxBridge
 
 from emu import capabilities, machine, tc
-from emu.cleanup import StateDir, kill_group, start_time
+from emu.cleanup import StateDir, clean, kill_group, start_time
 from emu.netlink import HtbRates, NetlinkError
 from emu.topology import mininet_topo
 from emu.topospec import NetSpec
@@ -110,9 +110,25 @@ class Testbed:
                   file=sys.stderr, flush=True)
             fcntl.flock(self._lockf, fcntl.LOCK_EX)
         self._lockf.seek(0)
+        last = self._lockf.read().strip()
+        self._lockf.seek(0)
         self._lockf.truncate()
         self._lockf.write(str(os.getpid()))
         self._lockf.flush()
+        self._clean_after(int(last) if last.isdigit() else None)
+
+    def _clean_after(self, last: int | None) -> None:
+        """Holding the lock, no live run has a network up: what is up is a killed run's (a Ray
+        node lost mid-run, a kill -9 while this run waited), and its names would be taken. Its
+        lock goes with its files, a moment before it is gone: while the last holder still has a
+        network recorded, it is dying, and is waited for (10 s at most) before the cleanup."""
+        root = self.state.path.parent
+        if last and last != os.getpid() and StateDir(root, last).links():
+            deadline = time.monotonic() + 10
+            while StateDir(root, last).owner_alive() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        for line in clean(root=root):
+            print(f"cleaned up {line}", file=sys.stderr, flush=True)
 
     def _machine_settings(self) -> None:
         """Machine-wide settings this run needs, each recorded before it is changed (and put

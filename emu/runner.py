@@ -88,9 +88,14 @@ def environment() -> dict[str, Any]:
 
     versions["mininet"] = mininet_version
     versions["python"] = platform.python_version()
+    sha = git("rev-parse", "HEAD")
+    if not sha and os.environ.get("SCHEDLAB_GIT_SHA"):  # a Ray node runs the driver's tree without .git
+        sha, dirty = os.environ["SCHEDLAB_GIT_SHA"], os.environ.get("SCHEDLAB_GIT_DIRTY") == "1"
+    else:
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     return {
-        "git_sha": git("rev-parse", "HEAD") or None,
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "git_sha": sha or None,
+        "git_dirty": dirty,
         "versions": versions,
         "kernel": platform.release(),
         "sysctls": sysctls,

@@ -46,6 +46,31 @@ def unique_runs(todo: list) -> list:
     return out
 
 
+def plan_runs(plan: Plan, shard: tuple[int, int] | None = None) -> list:
+    """The plan's (experiment, repeat, grid point)s to run, each run_id once, this shard's:
+    the same list wherever it is computed (one machine, a shard, a Ray driver)."""
+    return shard_of(unique_runs([(e, r, p) for e, p in zip(plan.experiments, plan.points, strict=True)
+                                 for r in range(plan.repeats)]), shard)
+
+
+def point_columns(point: dict) -> dict:
+    """A grid point as row columns (point.<key>); lists and dicts as JSON text."""
+    return {f"point.{k}": json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in point.items()}
+
+
+def run_label(i: int, n: int, exp, repeat: int, point: dict) -> str:
+    return f"[{i}/{n}] {_where(point) or exp.scheduler} repeat {repeat} ({exp.run_id(repeat)})"
+
+
+def outcome(exp, row: dict, sweep_dir: Path) -> str:
+    """How a run ended, for its progress line."""
+    if row["status"] == "ok":
+        dilated = f", time dilation {exp.time_dilation:g}" if exp.time_dilation != 1 else ""
+        return (f"ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
+                f"wall {row['wall_s']:.1f} s{dilated}")
+    return f"{row['status']}: {row['reason']} (logs: {sweep_dir / row['run_id'] / 'logs'})"
+
+
 def run_plan(plan: Plan, results_root: Path, force: bool = False,
              shard: tuple[int, int] | None = None) -> list[dict]:
     """Run the plan's experiments (this shard's), each repeat once; a ConfigError if this
@@ -53,9 +78,7 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
     preflight.check(plan)
     sweep_dir = results_root / plan.name
     done = set() if force else completed(sweep_dir)
-    points = plan.points
-    todo = shard_of(unique_runs([(e, r, p) for e, p in zip(plan.experiments, points, strict=True)
-                                 for r in range(plan.repeats)]), shard)
+    todo = plan_runs(plan, shard)
     pending = sum(1 for e, r, _ in todo if e.run_id(r) not in done)
     rows: list[dict] = []
     old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)
@@ -66,7 +89,7 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
         with StateDir() as state:
             for i, (exp, repeat, point) in enumerate(todo, 1):
                 rid = exp.run_id(repeat)
-                label = f"[{i}/{len(todo)}] {_where(point) or exp.scheduler} repeat {repeat} ({rid})"
+                label = run_label(i, len(todo), exp, repeat, point)
                 if rid in done:
                     print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
                     continue
@@ -82,20 +105,12 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
                     bar.update(n - bar.n)
 
                 try:
-                    row = run_one(exp, repeat, results_root, state, progress,
-                                  extra={f"point.{k}": json.dumps(v) if isinstance(v, (list, dict)) else v
-                                         for k, v in point.items()})
+                    row = run_one(exp, repeat, results_root, state, progress, extra=point_columns(point))
                 finally:
                     bar.close()
                 rows.append(row)
                 walls.append(row["wall_s"])
-                if row["status"] == "ok":
-                    dilated = f", time dilation {exp.time_dilation:g}" if exp.time_dilation != 1 else ""
-                    print(f"{label}: ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
-                          f"wall {row['wall_s']:.1f} s{dilated}", file=sys.stderr)
-                else:
-                    print(f"{label}: {row['status']}: {row['reason']} (logs: {sweep_dir / rid / 'logs'})",
-                          file=sys.stderr)
+                print(f"{label}: {outcome(exp, row, sweep_dir)}", file=sys.stderr)
     finally:
         signal.signal(signal.SIGTERM, old_term)
     return rows

@@ -8,6 +8,10 @@
 # direct dependencies in pyproject.toml (its header has the command; run it again after
 # changing pyproject.toml). SCHEDLAB_VENV=DIR sets the environment up in DIR instead of
 # .venv, e.g. to try a new lock without touching the environment in use.
+#
+# `scripts/setup.sh ray` also installs the optional Ray group from its own lock,
+# requirements-ray.txt (compiled against requirements.txt, so the two agree): the first
+# `./inv sweep FILE --ray ...` runs it, and so does every node of a Ray cluster.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="${SCHEDLAB_VENV:-$root/.venv}"
@@ -57,3 +61,25 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   fi
   echo "$want" > "$stamp"
 fi
+
+# Optional groups, named on the command line: each its own lock and stamp.
+for group in "$@"; do
+  case "$group" in
+    ray) glock="$root/requirements-ray.txt" ;;
+    *) echo "setup: unknown optional group '$group' (known: ray)" >&2; exit 2 ;;
+  esac
+  gstamp="$venv/.requirements-$group.sha256"
+  gwant=$(sha256sum "$glock" | cut -d' ' -f1)
+  if [ "$(cat "$gstamp" 2>/dev/null)" != "$gwant" ]; then
+    echo "setup: installing $(basename "$glock") (optional group $group) into $venv" >&2
+    log=$(mktemp)
+    # shellcheck disable=SC2086
+    if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check ${PIP_EXTRA_ARGS:-} -r "$glock" \
+        >"$log" 2>&1; then
+      cat "$log" >&2; rm -f "$log"; echo "setup: pip could not install $(basename "$glock") (output above)" >&2
+      exit 1
+    fi
+    rm -f "$log"
+    echo "$gwant" > "$gstamp"
+  fi
+done

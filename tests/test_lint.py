@@ -27,9 +27,13 @@ def test_ruff_finds_nothing():
         pytest.fail(f"ruff check . (settings: pyproject.toml):\n{r.stdout}{r.stderr}", pytrace=False)
 
 
-def locked() -> dict[str, str]:
+# Optional groups with a lock of their own (installed on demand, e.g. by the first --ray).
+OWN_LOCK = {"ray": "requirements-ray.txt"}
+
+
+def locked(name: str = "requirements.txt") -> dict[str, str]:
     pins = {}
-    for line in (REPO / "requirements.txt").read_text().splitlines():
+    for line in (REPO / name).read_text().splitlines():
         m = re.match(r"([A-Za-z0-9_.\-]+)==(\S+)", line)
         if m:
             pins[canonicalize_name(m[1])] = m[2]
@@ -38,19 +42,32 @@ def locked() -> dict[str, str]:
 
 def test_lock_pins_every_direct_dependency_within_its_range():
     """requirements.txt is compiled from pyproject.toml (the command is in its header): a
-    dependency added or changed there without compiling again is caught here."""
+    dependency added or changed there without compiling again is caught here. A group in
+    OWN_LOCK is checked against its own lock instead."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    direct = [*project["dependencies"], *(d for group in project["optional-dependencies"].values() for d in group)]
-    pins = locked()
+    direct = [(d, "requirements.txt") for d in project["dependencies"]]
+    direct += [(d, OWN_LOCK.get(group, "requirements.txt"))
+               for group, deps in project["optional-dependencies"].items() for d in deps]
     problems = []
-    for text in direct:
+    for text, lock in direct:
         req = Requirement(text)
-        version = pins.get(canonicalize_name(req.name))
+        version = locked(lock).get(canonicalize_name(req.name))
         if version is None:
-            problems.append(f"{req.name}: not in requirements.txt")
+            problems.append(f"{req.name}: not in {lock}")
         elif not req.specifier.contains(version, prereleases=True):
-            problems.append(f"{req.name}=={version} in requirements.txt is outside pyproject.toml's {req.specifier}")
-    assert not problems, "compile the lock again (command in requirements.txt's header):\n" + "\n".join(problems)
+            problems.append(f"{req.name}=={version} in {lock} is outside pyproject.toml's {req.specifier}")
+    assert not problems, "compile the lock again (command in its header):\n" + "\n".join(problems)
+
+
+def test_optional_locks_agree_with_the_main_lock():
+    """requirements-ray.txt is compiled with requirements.txt as a constraint: installing it
+    into the environment never moves a package the harness runs on."""
+    main = locked()
+    for lock in OWN_LOCK.values():
+        header = (REPO / lock).read_text().split("\n\n")[0]
+        assert "--constraint=requirements.txt" in header, f"{lock}: not compiled against requirements.txt"
+        moved = {n: (v, main[n]) for n, v in locked(lock).items() if n in main and main[n] != v}
+        assert not moved, f"{lock} pins differently from requirements.txt: {moved}"
 
 
 def test_lock_has_the_cpu_torch_and_no_cuda_packages():
