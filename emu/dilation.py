@@ -132,7 +132,7 @@ class Units(NamedTuple):
 # Every table the runner stores (README: Results layout). Bytes, counts and fractions (CPU
 # idle, the harness's CPU share) are the same in both clocks.
 TABLES: dict[str, Units] = {
-    "iterations": Units(("start", "end"), ("compute_s", "wait_s"), ("samples_per_s",)),
+    "iterations": Units(("start", "end", "forward_start", "backward_end"), ("compute_s", "wait_s"), ("samples_per_s",)),
     "layers": Units((), ("wait_s", "forward_s", "backward_s")),
     "events": Units(("t",)),
     "tx_frames": Units(("ready_t", "first_byte_t", "last_byte_t"), ("inversion_s",)),

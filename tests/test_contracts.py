@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from contracts.iterations import first_measured, measured
+from contracts.iterations import NoMeasuredIteration, first_measured, measured, windows
 from contracts.role_spec import Address, RoleSpec, role_specs
 from tests.conftest import REPO
 
@@ -64,15 +64,30 @@ def test_a_spec_that_names_no_such_role_or_field_is_refused():
         RoleSpec.model_validate({**data, "worker_port": 1})
 
 
-@pytest.mark.parametrize("warmup,iterations,first", [(2, 12, 2), (0, 5, 0), (11, 12, 11), (12, 12, 11),
-                                                     (40, 3, 2), (3, 1, 0)])
-def test_warmup_is_left_out_but_the_last_iteration_always_measured(warmup, iterations, first):
-    assert first_measured(warmup, iterations) == first
+@pytest.mark.parametrize("warmup,iterations", [(2, 12), (0, 5), (11, 12), (0, 1)])
+def test_warmup_is_left_out_and_every_other_iteration_measured(warmup, iterations):
+    assert first_measured(warmup, iterations) == warmup
     its = np.arange(iterations)
-    assert list(its[measured(its, warmup, iterations)]) == list(range(first, iterations))
+    assert list(its[measured(its, warmup, iterations)]) == list(range(warmup, iterations))
     s = pd.Series(its)
-    assert s[measured(s, warmup, iterations)].tolist() == list(range(first, iterations))
-    assert measured(iterations - 1, warmup, iterations) is True
+    assert s[measured(s, warmup, iterations)].tolist() == list(range(warmup, iterations))
+    assert int(measured(s, warmup, iterations).sum()) == iterations - warmup
+
+
+@pytest.mark.parametrize("warmup,iterations", [(12, 12), (40, 3), (1, 1), (-1, 3)])
+def test_a_run_that_would_measure_no_iteration_is_refused(warmup, iterations):
+    with pytest.raises(NoMeasuredIteration, match=f"warmup \\({warmup}\\).*iterations \\({iterations}\\)"):
+        first_measured(warmup, iterations)
+
+
+def test_iteration_windows_tile_the_run_and_end_when_the_aggregates_are_applied():
+    # forward passes at 0, 10, 20; aggregates of iteration 0 applied at 13 (during forward 1),
+    # of 1 at 22, of the last after the loop at 31
+    assert windows([0.0, 10.0, 20.0], [13.0, 22.0, 31.0]) == [(0.0, 13.0), (13.0, 22.0), (22.0, 31.0)]
+    with pytest.raises(ValueError, match="2 forward passes but 1"):
+        windows([0.0, 1.0], [2.0])
+    with pytest.raises(ValueError, match="iteration 1: applied at 1.0 before it began at 2.0"):
+        windows([0.0, 1.0], [2.0, 1.0])
 
 
 def test_contracts_import_only_the_standard_library_and_pydantic():

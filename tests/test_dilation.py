@@ -222,7 +222,7 @@ def _emulated_tables() -> dict[str, pd.DataFrame]:
 def _as_wall(name: str, df: pd.DataFrame, k: float) -> pd.DataFrame:
     """What a run dilated k times records of the same experiment."""
     units, out = TABLES[name], df.copy()
-    for col in units.instants:
+    for col in [c for c in units.instants if c in out]:
         out[col] = ORIGIN + (out[col] - ORIGIN) * k
     for col in units.durations:
         out[col] = out[col] * k

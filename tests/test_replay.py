@@ -179,8 +179,8 @@ def test_replay_keeps_the_profiles_per_layer_times(tmp_path, speedup):
 def test_replay_worker_holds_about_twice_its_gradients_and_no_torch(tmp_path):
     big = synthetic_profile([(0.0, [(4_000_000, 0.0)]), (0.0, [(12_000_000, 0.0), (16_000_000, 0.0)])])
     small = synthetic_profile([(0.0, [(1000, 0.0)])])
-    base = run_replay(tmp_path / "small", small, workers=1, iterations=2)[0]["summary"]["peak_rss_bytes"]
-    peak = run_replay(tmp_path / "big", big, workers=1, iterations=2)[0]["summary"]["peak_rss_bytes"]
+    base = run_replay(tmp_path / "small", small, workers=1, iterations=2, warmup=0)[0]["summary"]["peak_rss_bytes"]
+    peak = run_replay(tmp_path / "big", big, workers=1, iterations=2, warmup=0)[0]["summary"]["peak_rss_bytes"]
     assert base < 150e6, "a replay worker is a small process: no torch, no model"
     assert 1.8 * big.grad_bytes < peak - base < 2.3 * big.grad_bytes, (peak - base) / big.grad_bytes
 

@@ -73,6 +73,9 @@ class WorkloadConfig(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> WorkloadConfig:
         kind, presets = MODELS[self.model]
+        if self.warmup >= self.iterations:
+            raise ValueError(f"workload.iterations ({self.iterations}) must be more than workload.warmup "
+                             f"({self.warmup}): the first `warmup` iterations are not measured")
         if self.preset not in presets:
             raise ValueError(f"workload.preset: model {self.model!r} has no preset {self.preset!r} "
                              f"(it has {', '.join(presets)})")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from contracts.iterations import windows as iteration_windows
 from schedulers.base import RoleContext, Scheduler, SchedulerParams
 from workloads import profile_file
 from workloads.config import MODELS, WorkloadConfig, default_profile
@@ -83,15 +84,18 @@ def run(model: str, preset: str, batch_size: int = 32, iterations: int | None = 
     # else runs here. With more threads only wall time sees all of it.
     clock = time.thread_time if threads == 1 else time.perf_counter
     trainer = LayerwiseSGD(net, Alone(), hp.lr, hp.momentum, hp.weight_decay, clock=clock)
-    timings, totals = [], []
+    timings, forward_starts = [], []
     for i in range(warmup + iterations):
         batch = data.batch()
-        t0 = clock()
+        forward_starts.append(clock())
         trainer.step(batch)
-        totals.append(clock() - t0)
-        log(f"  {model}-{preset} iteration {i}: {totals[-1]:.3f} s{' (warm-up)' if i < warmup else ''}")
+        log(f"  {model}-{preset} iteration {i}: {clock() - forward_starts[-1]:.3f} s forward and backward"
+            f"{' (warm-up)' if i < warmup else ''}")
         if i >= warmup:
             timings.append(trainer.timing)
+    trainer.finish()
+    # the iterations' times as a run measures them (contracts/iterations.py): to the last update
+    totals = [end - start for start, end in iteration_windows(forward_starts, trainer.aggregates.applied_at)]
     totals = totals[warmup:]
 
     def med(values) -> float:

@@ -32,7 +32,7 @@ import numpy as np
 
 from schedulers.base import Scheduler, TensorSpec
 from workloads.profile_file import Profile
-from workloads.timing import StepResult, Timing
+from workloads.timing import Aggregates, StepResult, Timing
 
 PERIOD = 61              # prime, so a partition of any usual size misplaced by the scheduler shows
 TILE = PERIOD * 4096     # the pattern is written one tile (1 MB) at a time
@@ -64,6 +64,7 @@ class Replay:
         self.wait_s = 0.0
         self.max_late_s = 0.0
         self.timing = Timing()
+        self.aggregates = Aggregates(num_layers=len(self.layer_names))
         self._checksum = ""
         self.max_abs_error = math.nan
         self.sched.start(self.tensors)
@@ -91,7 +92,9 @@ class Replay:
                 for key in layer.keys:
                     t0 = time.perf_counter()
                     self.sched.wait(key, self.it - 1)
-                    tm.wait_s[i] += time.perf_counter() - t0
+                    now = time.perf_counter()
+                    tm.wait_s[i] += now - t0
+                    self.aggregates.applied(self.it - 1, i, now - t0, now)
             if tm.wait_s[i] > BLOCKED_S:  # the gradient came late: the layer starts when it came
                 deadline = max(deadline, time.perf_counter())
             deadline += layer.forward_s * scale
@@ -120,14 +123,20 @@ class Replay:
         return StepResult(math.nan, math.nan)
 
     def finish(self) -> None:
-        """Wait for the last iteration's averages; hash them and check them exactly."""
+        """Wait for the last iteration's averages (the last one's arrival ends the iteration),
+        then hash them and check them exactly."""
         if not self.it:
             return
+        got = {}
+        for t in self.tensors:
+            t0 = time.perf_counter()
+            got[t.key] = self.sched.wait(t.key, self.it - 1)
+            now = time.perf_counter()
+            self.aggregates.applied(self.it - 1, t.priority, now - t0, now)
         h, err = hashlib.sha256(), 0.0
         for t in self.tensors:
-            got = self.sched.wait(t.key, self.it - 1)
-            h.update(memoryview(got).cast("B"))
-            err = max(err, self._error(t.key, self.it - 1, got))
+            h.update(memoryview(got[t.key]).cast("B"))
+            err = max(err, self._error(t.key, self.it - 1, got[t.key]))
         self._checksum, self.max_abs_error = h.hexdigest()[:16], err
 
     def _error(self, key: int, it: int, got: np.ndarray) -> float:

@@ -34,3 +34,22 @@ class Timing:
         return [{"rank": rank, "iteration": iteration, "layer": i, "name": name,
                  "wait_s": self.wait_s[i], "forward_s": self.forward_s[i], "backward_s": self.backward_s[i]}
                 for i, name in enumerate(layer_names)]
+
+
+@dataclass
+class Aggregates:
+    """Per iteration, what happened to its own aggregated gradients: the time blocked waiting
+    for them, per layer, and the moment the last was applied. They are waited for in the next
+    iteration's forward pass (and after the loop for the last), so a step's `Timing` sees the
+    previous iteration's; these are what the iteration's time includes
+    (contracts/iterations.py)."""
+    num_layers: int = 0
+    wait_s: list[list[float]] = field(default_factory=list)   # [iteration][layer]
+    applied_at: list[float] = field(default_factory=list)     # [iteration], the trainer's clock
+
+    def applied(self, iteration: int, layer: int, waited_s: float, now: float) -> None:
+        while len(self.applied_at) <= iteration:
+            self.wait_s.append([0.0] * self.num_layers)
+            self.applied_at.append(now)
+        self.wait_s[iteration][layer] += waited_s
+        self.applied_at[iteration] = max(self.applied_at[iteration], now)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from schedulers.base import Scheduler, TensorSpec
-from workloads.timing import StepResult, Timing
+from workloads.timing import Aggregates, StepResult, Timing
 
 
 class LayerwiseSGD:
@@ -62,6 +62,7 @@ class LayerwiseSGD:
         self.wait_s = 0.0             # time blocked in Scheduler.wait, accumulated
         self.started = False
         self.timing = Timing()
+        self.aggregates = Aggregates()  # per iteration: its own aggregates' waits and when applied
         self._first_calls: list[tuple[nn.Module, float]] = []   # the first forward, in call order
         self._seen: set[int] = set()
         self._paused = False
@@ -111,6 +112,10 @@ class LayerwiseSGD:
         dt = self.clock() - t0
         self.wait_s += dt
         self.timing.wait_s[layer] += dt
+        self._update(p, avg)
+        self.aggregates.applied(it, layer, dt, self.clock())
+
+    def _update(self, p: torch.Tensor, avg) -> None:
         with torch.no_grad():
             d_p = torch.from_numpy(avg).view_as(p)
             if self.weight_decay:
@@ -144,6 +149,7 @@ class LayerwiseSGD:
                 self.tensors.append(TensorSpec(key=len(self.tensors), name=self.names[id(p)],
                                                numel=p.numel(), priority=prio))
         self.sched.start(self.tensors)
+        self.aggregates = Aggregates(num_layers=len(self.layer_names))
         self.started = True
 
     def _waiting_module(self, p: nn.Parameter, position: dict[int, int]) -> nn.Module:
@@ -208,7 +214,8 @@ class LayerwiseSGD:
         tm.tail_s = t_end - self._last_ready
 
     def finish(self) -> None:
-        """Wait for and apply the last iteration's gradients, so all replicas end equal."""
+        """Wait for and apply the last iteration's gradients, so all replicas end equal (the
+        moment the last is applied ends the last iteration)."""
         if self.it:
             self.timing = Timing(wait_s=[0.0] * len(self.layer_names))
             for layer, params in enumerate(self.layer_params):

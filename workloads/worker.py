@@ -5,10 +5,14 @@
 Reads its role spec, trains (`compute: real`: PyTorch; `compute: replay`: a profile played
 back, without torch), and writes `<out_dir>/worker<rank>.json`:
 
-    iterations  one record per iteration: rank, iteration, start, end (wall clock),
-                compute_s, wait_s (blocked on gradients), loss, accuracy, samples_per_s
+    iterations  one record per iteration: rank, iteration, start, end (wall clock; the
+                window of contracts/iterations.py, which ends when the iteration's own
+                aggregates are applied), compute_s, wait_s (blocked on its own aggregates),
+                forward_start, backward_end (its step's compute, wall clock), loss,
+                accuracy, samples_per_s
     layers      one record per iteration and layer: rank, iteration, layer (its priority),
-                name, wait_s, forward_s, backward_s (definitions in timing.py)
+                name, wait_s (for the layer's own aggregates), forward_s, backward_s
+                (definitions in timing.py)
     summary     parameter checksum, compute mode, speedup, peak memory, ...
     events      the scheduler's trace (if tracing)
 
@@ -30,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from contracts import tx_frames
+from contracts import iterations, tx_frames
 from contracts.role_spec import RoleSpec
 from schedulers import registry
 from schedulers.base import CommError, Endpoint, RoleContext
@@ -111,6 +115,31 @@ def summarize(wl: WorkloadConfig, rank: int, trainer, sched, data, final_wait_s:
     return summary
 
 
+def iteration_records(wl: WorkloadConfig, rank: int, steps: list[tuple[float, float, float, float]],
+                      timings: list, trainer) -> tuple[list[dict], list[dict]]:
+    """The iterations and per-layer records, once every iteration's aggregates are applied.
+
+    `steps`: per step (forward start, backward end, loss, accuracy) on the trainer's clock
+    (perf_counter), written out as wall-clock instants. An iteration's window, wait and
+    compute follow contracts/iterations.py: its wait is the time blocked on its *own*
+    aggregates (in the next forward pass, or after the loop), and so is each layer row's."""
+    to_wall = time.time() - time.perf_counter()
+    agg = trainer.aggregates
+    spans = iterations.windows([s[0] for s in steps], agg.applied_at)
+    records, layers = [], []
+    for it, ((fwd, bwd_end, loss, accuracy), (start, end), tm) in enumerate(zip(steps, spans, timings)):
+        wait_s = sum(agg.wait_s[it])
+        records.append({
+            "rank": rank, "iteration": it, "start": start + to_wall, "end": end + to_wall,
+            "compute_s": end - start - wait_s, "wait_s": wait_s,
+            "forward_start": fwd + to_wall, "backward_end": bwd_end + to_wall,
+            "loss": loss, "accuracy": accuracy, "samples_per_s": wl.batch_size / (end - start),
+        })
+        tm.wait_s = list(agg.wait_s[it])
+        layers += tm.rows(rank, it, trainer.layer_names)
+    return records, layers
+
+
 def main(spec_path: str) -> int:
     spec = RoleSpec.model_validate_json(Path(spec_path).read_text())
     rank, wl, out_dir = spec.rank, WorkloadConfig.model_validate(spec.workload), Path(spec.out_dir)
@@ -118,20 +147,15 @@ def main(spec_path: str) -> int:
     sched = registry.create(spec.scheduler.name, role_context(spec), spec.scheduler.params)
     trainer, data = make_trainer(wl, sched, rank, len(spec.workers), spec.seed)
 
-    records, layers = [], []
+    steps, timings = [], []
     progress = out_dir / f"worker{rank}.progress"
     for it in range(wl.iterations):
         batch = data.batch() if data else None
-        start, wait_before = time.time(), trainer.wait_s
+        start = time.perf_counter()
         loss, accuracy = trainer.step(batch)
-        end = time.time()
-        wait_s = trainer.wait_s - wait_before
-        records.append({
-            "rank": rank, "iteration": it, "start": start, "end": end,
-            "compute_s": end - start - wait_s, "wait_s": wait_s,
-            "loss": loss, "accuracy": accuracy, "samples_per_s": wl.batch_size / (end - start),
-        })
-        layers += trainer.timing.rows(rank, it, trainer.layer_names)
+        end = time.perf_counter()
+        steps.append((start, end, loss, accuracy))
+        timings.append(trainer.timing)
         progress.write_text(str(it + 1))
         reporter.iteration(it + 1, end - start)
     reporter.phase("finishing")
@@ -139,6 +163,7 @@ def main(spec_path: str) -> int:
     trainer.finish()
     final_wait_s = time.perf_counter() - t0
     sched.close()
+    records, layers = iteration_records(wl, rank, steps, timings, trainer)
 
     summary = summarize(wl, rank, trainer, sched, data, final_wait_s)
     tables = sched.tables()
