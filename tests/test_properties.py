@@ -1,0 +1,169 @@
+"""Invariants that every result rests on, as properties over small random inputs (hypothesis),
+without the network: which iterations are measured, what an iteration's window holds, run
+ids, and the analytic bounds. The Mininet tier checks a few of them on real runs
+(tests/test_e2e_mininet.py)."""
+from __future__ import annotations
+
+import copy
+
+import networkx as nx
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from analysis import bounds
+from contracts.iterations import NoMeasuredIteration, first_measured, measured, windows
+from emu.config import ConfigError, validate_experiment
+from tasks import _sections
+from workloads.config import WorkloadConfig
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---------------------------------------------------------------------------- measured iterations
+
+@FAST
+@given(iterations=st.integers(1, 500), warmup=st.integers(0, 600))
+def test_a_run_measures_exactly_iterations_minus_warmup_or_is_refused(iterations, warmup):
+    if warmup < iterations:
+        wl = WorkloadConfig(model="cnn", preset="tiny", iterations=iterations, warmup=warmup)
+        mask = [measured(i, wl.warmup, wl.iterations) for i in range(iterations)]
+        assert sum(mask) == iterations - warmup and mask == sorted(mask)  # the last ones
+        return
+    with pytest.raises(ValueError, match=r"workload\.iterations .* workload\.warmup"):
+        WorkloadConfig(model="cnn", preset="tiny", iterations=iterations, warmup=warmup)
+    with pytest.raises(NoMeasuredIteration):
+        first_measured(warmup, iterations)
+
+
+# ---------------------------------------------------------------------------- an iteration's window
+
+def pipeline(steps: list[tuple[float, float, float]]) -> tuple[list[float], list[float], list[float]]:
+    """A one-layer worker on a simulated clock: (compute, communication, pause before the
+    step) per iteration. Its gradients leave when backward ends and are applied in the next
+    forward pass, as soon as they have arrived (the last: after the loop).
+    Returns forward starts, backward ends and the instants the aggregates were applied."""
+    t, starts, ends, applied = 0.0, [], [], []
+    arrival = None
+    for compute, comm, pause in steps:
+        t += pause
+        starts.append(t)
+        if arrival is not None:
+            t = max(t, arrival)   # the forward pre-hook waits for the previous iteration's aggregate
+            applied.append(t)
+        t += compute
+        ends.append(t)
+        arrival = t + comm
+    applied.append(max(t, arrival))
+    return starts, ends, applied
+
+
+STEPS = st.lists(st.tuples(st.floats(1e-4, 1.0), st.floats(0.0, 2.0), st.floats(0.0, 0.1)), min_size=1, max_size=12)
+
+
+@FAST
+@given(steps=STEPS)
+def test_every_iteration_holds_its_own_communication_and_the_windows_tile_the_run(steps):
+    starts, ends, applied = pipeline(steps)
+    spans = windows(starts, applied)
+    for (start, end), (compute, comm, _), b_end in zip(spans, steps, ends):
+        # no iteration is shorter than its compute or its communication: its bound
+        assert end - start >= max(compute, comm) - 1e-9
+        assert start <= b_end <= end
+    for (_, a_end), (b_start, _) in zip(spans, spans[1:]):
+        assert a_end == b_start
+    assert sum(b - a for a, b in spans) == pytest.approx(applied[-1] - starts[0])
+
+
+# ---------------------------------------------------------------------------- run ids
+
+def experiment(bws: list[int], scheduler: str, iterations: int, warmup: int, seed: int) -> dict:
+    hosts = [{"name": "ps", "bw_mbps": 100}] + [{"name": f"w{i}", "bw_mbps": bw} for i, bw in enumerate(bws)]
+    workers = [h["name"] for h in hosts[1:]]
+    return {"name": "prop", "seed": seed, "topology": {"kind": "star", "hosts": hosts},
+            "roles": {"servers": [] if scheduler == "ring" else ["ps"], "workers": workers},
+            "workload": {"model": "cnn", "preset": "tiny", "iterations": iterations, "warmup": warmup},
+            "scheduler": scheduler}
+
+
+CONFIGS = st.builds(experiment, bws=st.lists(st.integers(1, 1000), min_size=2, max_size=3),
+                    scheduler=st.sampled_from(["fifo", "bytescheduler", "ring"]),
+                    iterations=st.integers(2, 6), warmup=st.integers(0, 1), seed=st.integers(0, 3))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=CONFIGS, b=CONFIGS, ra=st.integers(0, 2), rb=st.integers(0, 2))
+def test_run_ids_are_stable_and_equal_exactly_for_equal_resolved_configs_and_repeats(a, b, ra, rb):
+    sections = _sections()
+    try:
+        ea, eb = validate_experiment(a, sections), validate_experiment(b, sections)
+    except ConfigError:
+        assume(False)
+    assert ea.run_id(ra) == validate_experiment(copy.deepcopy(a), sections).run_id(ra)  # stable
+    # its resolved config validated again is the same run
+    assert validate_experiment(ea.resolved(), sections).run_id(ra) == ea.run_id(ra)
+    same = ea.resolved() == eb.resolved() and ra == rb
+    assert (ea.run_id(ra) == eb.run_id(rb)) == same
+
+
+# ---------------------------------------------------------------------------- bounds
+
+def racks(uplinks: list[float], hosts: list[list[float]], server: bool) -> tuple[nx.DiGraph, list[str], list[str]]:
+    """A core switch, racks under it with their uplink rates, hosts with their link rates
+    (Mb/s, the same both ways); a server host on the core if `server`."""
+    g = nx.DiGraph()
+    workers = []
+    for r, (up, members) in enumerate(zip(uplinks, hosts)):
+        for a, b in (("core", f"s{r}"), (f"s{r}", "core")):
+            g.add_edge(a, b, capacity=up * 1e6)
+        for i, bw in enumerate(members):
+            h = f"h{r}_{i}"
+            workers.append(h)
+            g.add_edge(h, f"s{r}", capacity=bw * 1e6)
+            g.add_edge(f"s{r}", h, capacity=bw * 1e6)
+    for n in g.nodes:
+        g.nodes[n]["kind"] = "switch" if n == "core" or n.startswith("s") else "host"
+    servers = []
+    if server:
+        g.add_edge("ps", "core", capacity=500e6)
+        g.add_edge("core", "ps", capacity=500e6)
+        g.nodes["ps"]["kind"] = "host"
+        servers = ["ps"]
+    return g, workers, servers
+
+
+RATE = st.floats(1.0, 1000.0)
+NETWORKS = st.integers(1, 3).flatmap(lambda n: st.tuples(
+    st.lists(RATE, min_size=n, max_size=n), st.lists(st.lists(RATE, min_size=1, max_size=3), min_size=n, max_size=n)))
+G_BYTES = 4e6
+
+
+def all_bounds(g, workers, servers) -> dict[str, float]:
+    out = {"cut": bounds.cut_bound_s(g, workers, G_BYTES), "ring": bounds.best_ring_bound_s(g, workers, G_BYTES),
+           "forest": bounds.forest_bound_s(g, workers, G_BYTES),
+           "hierarchical": bounds.hierarchical_bound_s(g, workers, G_BYTES)}
+    if servers:
+        out["ps"] = bounds.ps_bound_s(g, workers, servers, G_BYTES)
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(net=NETWORKS, server=st.booleans(), edge=st.integers(0, 10 ** 6), factor=st.floats(1.0, 20.0))
+def test_bounds_never_grow_with_bandwidth_and_none_is_below_the_cut_bound(net, server, edge, factor):
+    uplinks, hosts = net
+    g, workers, servers = racks(uplinks, hosts, server)
+    assume(len(workers) >= 2)
+    before = all_bounds(g, workers, servers)
+    for model, value in before.items():   # the cut bound holds for every scheme
+        assert value >= before["cut"] * (1 - 1e-6), (model, value, before["cut"])
+    faster = g.copy()
+    u, v = sorted(faster.edges)[edge % faster.number_of_edges()]
+    faster.edges[u, v]["capacity"] *= factor
+    after = all_bounds(faster, workers, servers)
+    for model in before:
+        assert after[model] <= before[model] * (1 + 1e-6), (model, (u, v), factor, before[model], after[model])
+    doubled = g.copy()
+    for a, b in doubled.edges:
+        doubled.edges[a, b]["capacity"] *= 2
+    for model, value in all_bounds(doubled, workers, servers).items():   # time is bytes over rate
+        assert value == pytest.approx(before[model] / 2, rel=1e-6)
