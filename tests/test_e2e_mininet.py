@@ -223,3 +223,30 @@ def test_fresh_machine_kill_9_then_clean_restores_settings(tmp_path, fresh_machi
     assert r.returncode == 0, r.stderr
     assert "sysctl net.ipv4.tcp_allowed_congestion_control (restored to 'reno bbr')" in r.stdout, r.stdout
     assert machine_now(fresh_machine) == fresh_machine
+
+
+def test_short_runs_are_never_faster_than_their_bounds(tmp_path, no_leftovers):
+    """Two or three iterations, warm-up or none: every iteration waits for its own aggregates,
+    so no scheduler's run beats its model's bound or the cut bound, and every run measures
+    iterations - warmup iterations (the demo's network and model)."""
+    from analysis import bounds
+
+    cfg = json.loads(json.dumps(TINY))
+    cfg["topology"]["hosts"] = [{"name": "ps", "bw_mbps": 100}, {"name": "w0", "bw_mbps": 50},
+                                {"name": "w1", "bw_mbps": 25}]
+    cfg["workload"].update(preset="small", batch_size=32, iterations=2, warmup=0)
+    cfg["grid"] = {"workload.warmup": [0, 1]}
+    cfg["zip"] = {"scheduler": ["fifo", "mercury", "ring"], "roles.servers": [["ps"], ["ps"], []]}
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    results = tmp_path / "results"
+    r = invoke("run", str(path), "--results", str(results))
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = pd.read_parquet(results / "e2e" / "runs.parquet")
+    assert len(runs) == 6 and (runs["status"] == "ok").all(), runs[["scheduler", "reason"]]
+    assert (runs["iterations_measured"] == 2 - runs["workload.warmup"]).all()
+    judged = bounds.annotate(runs, results / "e2e")
+    tol = 1 + judged["fidelity.rate_tolerance"]
+    shown = judged[["scheduler", "workload.warmup", "iter_time_median_s", "bound_s", "efficiency", "cut_efficiency"]]
+    assert (judged["efficiency"] <= tol).all() and (judged["cut_efficiency"] <= tol).all(), shown
+    assert judged["physics_ok"].all(), judged[["scheduler", "physics_reasons"]]
