@@ -203,9 +203,11 @@ def merge(c, source, into):
 @task(iterable=["run_id"], help={"sweep": "results directory of a sweep, e.g. results/demo",
                                  "run-id": "only these runs (repeatable; default: all)"})
 def analyze(c, sweep, run_id=None):
-    """Plot iteration time per scheduler and print the runs' summary table."""
+    """Plot iteration time per scheduler and print the runs' summary table, with the runs that
+    break physics (analysis/physics.py) named, since the table's verdict includes them."""
+    from analysis import physics
     from analysis.plots import iteration_time_plot, summary_table
-    from analysis.tables import NoResults
+    from analysis.tables import NoResults, load_runs
 
     try:
         png = iteration_time_plot(Path(sweep), run_ids=run_id or None)
@@ -214,9 +216,16 @@ def analyze(c, sweep, run_id=None):
         raise Exit(f"error: {e}", code=2) from None
     import pandas as pd
 
+    judged = physics.ensure(load_runs(Path(sweep), run_ids=run_id or None), Path(sweep)).set_index("run_id")
+    table = table.assign(fidelity_ok=table["run_id"].map(judged["fidelity_ok"]))  # stored rows may predate it
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 60,
                            "display.float_format", "{:.4g}".format):
         print(table.to_string(index=False))
+    broken = physics.broken(judged.reset_index())
+    if len(broken):
+        print(f"{len(broken)} run(s) break physics (the report lists them and leaves them out of its means):")
+        for _, r in broken.iterrows():
+            print(f"  {r['run_id']} {r['scheduler']}: {r['physics_reasons']}")
     print(f"plot: {png}")
 
 

@@ -356,7 +356,11 @@ def run_bounds(run, run_dir: Path) -> dict:
 
 
 def annotate(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
-    """Add the bound columns (COLUMNS) to the completed runs; other rows keep NaN."""
+    """Add the bound columns (COLUMNS) to the completed runs; other rows keep NaN. The
+    physics checks (analysis/physics.py) go into each verdict here, where the bounds they
+    need are computed, so every caller's verdict includes them."""
+    from analysis import physics  # it reads capacity graphs through this module
+
     runs = runs.copy()
     for col in COLUMNS:
         if col not in runs:
@@ -372,7 +376,7 @@ def annotate(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
             values = {"bound_capacity": f"no bound: {type(e).__name__}: {e}"}  # the row stays, its bounds NaN
         for col, value in values.items():
             runs.at[i, col] = value
-    return runs
+    return physics.apply(runs, sweep_dir)
 
 
 @lru_cache(maxsize=256)

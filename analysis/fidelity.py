@@ -3,8 +3,10 @@ trusted for, and why the others cannot.
 
 Each run's row carries `fidelity_ok`, `fidelity_reasons` ("; "-separated sentences with
 numbers and link names in them) and `fidelity_codes` (one reason code per sentence,
-contracts/fidelity.py). Failures are counted by code, so each reason is one line however
-its numbers differ from run to run; a sentence serves as the example.
+contracts/fidelity.py): the monitors' checks (emu/fidelity.py) and, once the bounds are
+computed, the physics checks (analysis/physics.py). Failures are counted by code, so each
+reason is one line however its numbers differ from run to run; a sentence serves as the
+example.
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ CATEGORIES = {
                            "processing competed for cores",
     Reason.RATE_EXCESS.value: "a link sent faster than its configured rate (shaping leaked)",
     Reason.SATURATION.value: "a link with queued work delivered less than its configured rate",
+    Reason.BELOW_BOUND.value: "breaks physics: the measured iteration is shorter than a lower bound on it "
+                              "(the model's or the cut's), beyond the tolerance",
+    Reason.TOO_FEW_BYTES.value: "breaks physics: a worker host's links carried fewer bytes than the gradients "
+                                "it must send or receive each iteration",
 }
 
 # Rows written before the verdict had codes: each code's sentence, as emu/fidelity.py worded it.
@@ -33,7 +39,8 @@ LEGACY_SENTENCES = [
 def findings(run: pd.Series) -> list[tuple[str | None, str]]:
     """(code, sentence) per failed check of one run's row. A row without codes (written
     before they existed) gets them from its sentences; None where none matches."""
-    sentences = [s for s in str(run.get("fidelity_reasons") or "").split("; ") if s]
+    text = run.get("fidelity_reasons")
+    sentences = [s for s in (text if isinstance(text, str) else "").split("; ") if s]  # NaN: a row never judged
     cell = run.get(CODES_COLUMN)
     if isinstance(cell, str):
         return list(zip(decode(cell), sentences, strict=False))  # emu writes them aligned

@@ -9,6 +9,7 @@ re-running it after more runs completes updates every number.
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import json
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pandas as pd
 from analysis import bounds as bounds_mod
 from analysis import claims as claims_mod
 from analysis import faults as faults_mod
-from analysis import fidelity, forest_compare, plots, startup
+from analysis import fidelity, forest_compare, physics, plots, startup
 from analysis.speedup import METHOD, MIN_REPEATS, iteration_times, load_comparison, speedups
 from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
 
@@ -154,8 +155,11 @@ def _provenance(sweep_dir: Path, runs: pd.DataFrame) -> list[str]:
 
 
 def _setup(runs_all: pd.DataFrame, runs: pd.DataFrame, facts: pd.DataFrame) -> list[str]:
+    """What was run: every swept key with its values, those that make configurations and those
+    that make scheduler variants (tunables, `roles.servers`, labels) alike."""
     r = runs.iloc[0]
     keys = swept_keys(runs)
+    variant_keys = [k for k in swept_keys(runs, treatments=True) if k not in keys]
     lines = [f"- Runs: {len(runs_all)} recorded, {len(runs)} completed "
              f"({', '.join(f'{n} {s}' for s, n in runs_all['status'].value_counts().items())})."]
     lines.append(f"- Schedulers: {', '.join(plots.scheduler_order(runs['scheduler']))}.")
@@ -163,11 +167,17 @@ def _setup(runs_all: pd.DataFrame, runs: pd.DataFrame, facts: pd.DataFrame) -> l
                  f"({r['workload.preset']}, {r['num_params']:,} parameters in {r['num_tensors']} tensors), "
                  f"batch {r['workload.batch_size']}, {r['workload.iterations']} iterations of which the first "
                  f"{r['workload.warmup']} are warm-up and left out, {r['compute_mode']} compute.")
+    servers = (", ".join(json.loads(r["roles.servers"])) or "none") if runs["roles.servers"].nunique() == 1 \
+        else "per scheduler variant (swept)"
     lines.append(f"- Roles: {r['num_workers']} workers ({', '.join(json.loads(r['roles.workers']))}), servers: "
-                 f"{', '.join(json.loads(r['roles.servers'])) or 'none'}; topology {r.get('topology.kind', '?')}.")
-    for k in keys:
-        vals = ", ".join(str(v) for v in dict.fromkeys(runs[f"point.{k}"].tolist()))
-        lines.append(f"- Swept: {key_label(k, runs)} (`{k}`) = {vals}.")
+                 f"{servers}; topology {r.get('topology.kind', '?')}.")
+    for k in keys + variant_keys:
+        vals = ", ".join(str(int(v) if isinstance(v, float) and v.is_integer() else v)
+                         for v in dict.fromkeys(runs[f"point.{k}"].tolist())
+                         if v is not None and not (isinstance(v, float) and v != v))
+        role = "" if k in keys else "; runs of one variant pool over it" if k == "seed" else \
+            "; each value a scheduler variant of its own"
+        lines.append(f"- Swept: {key_label(k, runs)} (`{k}`) = {vals}{role}.")
     lines.append(f"- Configurations: {len(facts)} — " + "; ".join(
         f"{f['config']}" + (f": {f['network']}" if f["network"] and f["network"] != f["config"] else "")
         + (" (shared or time-varying bandwidth)" if f["dynamic"] else "") for _, f in facts.iterrows()) + ".")
@@ -184,14 +194,32 @@ def _fidelity(runs_all: pd.DataFrame) -> list[str]:
     f = fidelity.summary(runs_all)
     out = [f"Of {f['runs']} runs, {f['completed']} completed. Of those, **{f['passed']} passed** the fidelity "
            f"check and **{f['failed']} failed** it" + (f" ({f['unjudged']} have no verdict)" if f["unjudged"] else "")
-           + ". A failed check does not drop a run from the figures; it says that the emulation may not have "
-             "behaved like the configured network (e.g. CPU contention adds time that is not communication)."]
+           + ". A failed check of the monitors does not drop a run from the figures; it says that the emulation "
+             "may not have behaved like the configured network (e.g. CPU contention adds time that is not "
+             "communication). A run that breaks physics (faster than a lower bound, or fewer bytes on a worker's "
+             "links than its gradients) measured a bug, not a network: it is left out of the summary, the speedups, "
+             "the bounds' statistics and the figures, and listed under \"Runs that break physics\"."]
     if len(f["reasons"]):
         out += ["", "Why runs failed the check (a run can fail for several reasons):", "",
                 md_table(f["reasons"].rename(columns={"category": "reason", "runs": "runs affected",
                                                       "example": "example"}))]
     if len(f["not_completed"]):
         out += ["", "Runs that did not complete:", "", md_table(f["not_completed"])]
+    return out
+
+
+def _physics(broken: pd.DataFrame) -> list[str]:
+    """The runs that failed a physics check (analysis/physics.py), one row each with its
+    figures, so that a number beyond what the links allow is named instead of averaged."""
+    out = ["These runs reported what the network cannot do: an iteration shorter than a lower bound on it (the "
+           "model's or the model-free cut bound, by more than the run's `fidelity.rate_tolerance`), or fewer bytes "
+           "on a worker host's links than the gradients it must send or receive each iteration (G = 4 bytes x "
+           "parameters, every iteration, warm-up included). Each measured a bug, so it is left out of the summary, "
+           "the speedups, the bounds' statistics and the figures.", ""]
+    order = plots.scheduler_order(broken["scheduler"])
+    table = broken.assign(_sort=broken["scheduler"].map(order.index)).sort_values(["config", "_sort", "run_id"])
+    out.append(md_table(pd.DataFrame({"run": table["run_id"], "scheduler": table["scheduler"],
+                                      "configuration": table["config"], "why": table["physics_reasons"]})))
     return out
 
 
@@ -378,20 +406,35 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "
         path = out_dir / "report.md"
         path.write_text("\n".join(md) + "\n")
         return path
-    if "bound_model" not in runs or runs["bound_model"].isna().any():
-        runs = bounds_mod.annotate(runs, sweep_dir)  # rows from before the model bounds; in memory only
+    runs = physics.ensure(runs, sweep_dir)  # bounds where a row has none, and the physics checks; in memory only
+    runs_all = physics.carry(runs_all, runs)  # the verdicts the Fidelity section counts
     facts = config_facts(runs, sweep_dir)
     md += ["## Setup", "", *_setup(runs_all, runs, facts), *_provenance(sweep_dir, runs), ""]
+    broken = physics.broken(runs)
+    if len(broken) == len(runs):
+        md += ["## Runs that break physics", "", *_physics(broken), "", "**Every completed run breaks physics**, "
+               "so there is nothing to compare.", "", "## Fidelity", "", *_fidelity(runs_all), ""]
+        path = out_dir / "report.md"
+        path.write_text("\n".join(md))
+        return path
+    if len(broken):  # listed, not averaged: every table, speedup and figure below is of the other runs
+        runs = runs[~runs["run_id"].isin(broken["run_id"])]
+        iters = iters[iters["run_id"].isin(runs["run_id"])]
     md += ["## Summary", "", md_table(summary(runs, iters, baseline)), "",
            "Iteration time: geometric mean of the runs' median iteration times, or the median of pooled "
            "iterations (see Setup). Blocked on gradients: median time a worker waited for aggregates, as a "
            "share of the median iteration. Efficiency: the lower bound of the scheduler's model / measured "
-           "(1 = as fast as that model allows; see Bounds).", ""]
+           "(1 = as fast as that model allows; see Bounds)."
+           + (f" {len(broken)} run(s) that break physics are left out (next section)." if len(broken) else ""), ""]
+    if len(broken):
+        md += ["## Runs that break physics", "", *_physics(broken), ""]
     md += ["## Bounds", "", *_bounds(runs), ""]
     md += ["## Figures", ""]
     for stem, heading, fn, caption in FIGURES:
         md += [f"### {heading}", ""]
         kw = {"baseline": baseline} if fn is plots.speedup_plot else {}
+        if len(broken) and "run_ids" in inspect.signature(fn).parameters:
+            kw["run_ids"] = runs["run_id"].tolist()
         try:
             png = fn(sweep_dir, out=out_dir / f"{stem}.png", formats=("png", "pdf"), **kw)
         except NoResults as e:  # includes plots.Skipped
