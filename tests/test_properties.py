@@ -136,6 +136,7 @@ RATE = st.floats(1.0, 1000.0)
 NETWORKS = st.integers(1, 3).flatmap(lambda n: st.tuples(
     st.lists(RATE, min_size=n, max_size=n), st.lists(st.lists(RATE, min_size=1, max_size=3), min_size=n, max_size=n)))
 G_BYTES = 4e6
+LP_REL = 1e-4   # the forest bound is an LP optimum, exact to the solver's tolerance; the others are closed forms
 
 
 def all_bounds(g, workers, servers) -> dict[str, float]:
@@ -155,15 +156,15 @@ def test_bounds_never_grow_with_bandwidth_and_none_is_below_the_cut_bound(net, s
     assume(len(workers) >= 2)
     before = all_bounds(g, workers, servers)
     for model, value in before.items():   # the cut bound holds for every scheme
-        assert value >= before["cut"] * (1 - 1e-6), (model, value, before["cut"])
+        assert value >= before["cut"] * (1 - LP_REL), (model, value, before["cut"])
     faster = g.copy()
     u, v = sorted(faster.edges)[edge % faster.number_of_edges()]
     faster.edges[u, v]["capacity"] *= factor
     after = all_bounds(faster, workers, servers)
     for model in before:
-        assert after[model] <= before[model] * (1 + 1e-6), (model, (u, v), factor, before[model], after[model])
+        assert after[model] <= before[model] * (1 + LP_REL), (model, (u, v), factor, before[model], after[model])
     doubled = g.copy()
     for a, b in doubled.edges:
         doubled.edges[a, b]["capacity"] *= 2
     for model, value in all_bounds(doubled, workers, servers).items():   # time is bytes over rate
-        assert value == pytest.approx(before[model] / 2, rel=1e-6)
+        assert value == pytest.approx(before[model] / 2, rel=LP_REL)
