@@ -17,7 +17,12 @@ from emu.config import ConfigError, validate_experiment
 from tasks import _sections
 from workloads.config import WorkloadConfig
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized and without an example database: the same examples on every machine and in CI,
+# so a failure is reproducible and the suite never fails by chance; raise max_examples to explore.
+settings.register_profile("schedlab", derandomize=True, database=None, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("schedlab")
+FAST = settings(max_examples=60)
 
 
 # ---------------------------------------------------------------------------- measured iterations
@@ -91,7 +96,7 @@ CONFIGS = st.builds(experiment, bws=st.lists(st.integers(1, 1000), min_size=2, m
                     iterations=st.integers(2, 6), warmup=st.integers(0, 1), seed=st.integers(0, 3))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40)
 @given(a=CONFIGS, b=CONFIGS, ra=st.integers(0, 2), rb=st.integers(0, 2))
 def test_run_ids_are_stable_and_equal_exactly_for_equal_resolved_configs_and_repeats(a, b, ra, rb):
     sections = _sections()
@@ -148,7 +153,7 @@ def all_bounds(g, workers, servers) -> dict[str, float]:
     return out
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30)
 @given(net=NETWORKS, server=st.booleans(), edge=st.integers(0, 10 ** 6), factor=st.floats(1.0, 20.0))
 def test_bounds_never_grow_with_bandwidth_and_none_is_below_the_cut_bound(net, server, edge, factor):
     uplinks, hosts = net
