@@ -9,6 +9,7 @@ the other swept keys (e.g. the model) become panels, so any sweep can be plotted
 from __future__ import annotations
 
 import json
+import re
 import warnings
 import zlib
 from pathlib import Path
@@ -26,7 +27,8 @@ from analysis.speedup import METHOD, iteration_times, load_comparison, speedups 
 from analysis.tables import NoResults, key_label, load_events, load_iterations, load_links, load_runs, swept_keys  # noqa: E402
 from contracts.iterations import measured  # noqa: E402
 
-# Fixed colours: a scheduler looks the same in every figure of every report.
+# Fixed colours: a scheduler looks the same in every figure of every report; its variants
+# (tables.variant_names) are shades of its colour, so no two schedulers' variants share one.
 SCHEDULER_ORDER = ["fifo", "bytescheduler", "p3", "mercury", "ring", "gloo", "forest"]
 
 
@@ -34,21 +36,64 @@ class Skipped(NoResults):
     """A figure that this sweep's data cannot support (e.g. no scheduler trace)."""
 
 
+def _base(name: str) -> str:
+    """The registry name of a variant: `bytescheduler credit 256k` -> bytescheduler."""
+    return name.split(" ", 1)[0]
+
+
+def _natural(text: str) -> tuple:
+    """Sort key reading the numbers in a variant's name as numbers (64k before 256k before 1M)."""
+    out = []
+    for tok in re.split(r"(\d+(?:,\d{3})*(?:\.\d+)?[kM]?)", text):
+        if tok and tok[0].isdigit():
+            num = float(tok.rstrip("kM").replace(",", ""))
+            out.append((0, num * {"k": 1 << 10, "M": 1 << 20}.get(tok[-1], 1), ""))
+        elif tok:
+            out.append((1, 0.0, tok))
+    return tuple(out)
+
+
 def scheduler_order(names) -> list[str]:
     """Schedulers in the canonical order (baseline first), unknown ones after, by name; a
-    labelled variant (`bytescheduler (tuned)`) right after its scheduler."""
+    scheduler's variants (`bytescheduler (tuned)`, `bytescheduler credit 256k`) right after
+    its plain name, in the order of their values."""
     names = list(dict.fromkeys(names))
 
     def key(s: str):
-        base = s.split(" (", 1)[0]
-        return (SCHEDULER_ORDER.index(base) if base in SCHEDULER_ORDER else len(SCHEDULER_ORDER), base, s)
+        base = _base(s)
+        rank = SCHEDULER_ORDER.index(base) if base in SCHEDULER_ORDER else len(SCHEDULER_ORDER)
+        return rank, base, s != base, _natural(s[len(base):])
     return sorted(names, key=key)
 
 
-def _colour(name: str):
+def _shade(rgb, t: float):
+    """`rgb` darkened (t < 0) or lightened (t > 0), |t| <= 1, its hue kept."""
+    r = np.asarray(rgb, dtype=float)
+    return tuple(float(x) for x in (r * (1 + 0.55 * t) if t < 0 else r + (1 - r) * 0.6 * t))
+
+
+def _colour(name: str, among=()):
+    """A scheduler's fixed colour; a variant of it a shade of that colour. With `among` (the
+    names drawn together) the variants of one scheduler get evenly spread shades, the plain
+    name (or a lone variant) keeping the scheduler's own; without it a shade picked by the name."""
     deep = sns.color_palette("deep", 10)
-    i = SCHEDULER_ORDER.index(name) if name in SCHEDULER_ORDER else len(SCHEDULER_ORDER) + zlib.crc32(name.encode()) % 3
-    return deep[i % 10]
+    base = _base(name)
+    i = SCHEDULER_ORDER.index(base) if base in SCHEDULER_ORDER else len(SCHEDULER_ORDER) + zlib.crc32(
+        base.encode()) % 3
+    colour = deep[i % 10]
+    if name == base:
+        return colour
+    family = [s for s in scheduler_order(list(among) + [name]) if _base(s) == base]
+    variants = [s for s in family if s != base]
+    k, j = len(variants), variants.index(name)
+    if not len(among):  # no company known: a shade that this name picks
+        return _shade(colour, (zlib.crc32(name.encode()) % 7 - 3) / 3.5)
+    if len(family) == 1:  # the only one of its scheduler here
+        return colour
+    if base in family:  # the plain name is drawn too: shades on both sides of it
+        m = -(-k // 2)
+        return _shade(colour, (j // 2 + 1) / m * (1 if j % 2 == 0 else -1) * 0.85)
+    return _shade(colour, -0.8 + 1.6 * j / (k - 1))
 
 
 def _theme() -> None:
@@ -148,7 +193,7 @@ def _interval_plot(table: pd.DataFrame, runs: pd.DataFrame, y: str, scale: float
             est, lo, hi = d[y] * scale, d["ci_low"] * scale, d["ci_high"] * scale
             err = np.vstack([(est - lo).clip(lower=0).fillna(0), (hi - est).clip(lower=0).fillna(0)])
             ax.errorbar(_dodge(d["_x"], i, len(scheds), log, span), est, yerr=err, marker="o", ms=5, capsize=4,
-                        lw=1.6, color=_colour(s), label=s)
+                        lw=1.6, color=_colour(s, scheds), label=s)
         if ref is not None:
             ax.axhline(ref, color="0.35", ls="--", lw=1, label=ref_label)
         if log:
@@ -275,7 +320,7 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
         spans["h"] = 0.8 / spans.groupby("key")["chunk"].transform("size")
         ax.barh(spans["key"] - 0.4 + spans["j"] * spans["h"], (spans["recv"] - spans["send"]) * 1e3,
                 left=(spans["send"] - t0) * 1e3, height=spans["h"] * 0.9, align="edge",
-                color=_colour(run["scheduler"]), edgecolor="none", alpha=0.85)
+                color=_colour(run["scheduler"], chosen["scheduler"]), edgecolor="none", alpha=0.85)
         end = (its.loc[it + 1, "end"] - t0) * 1e3
         ax.axvline(0, color="0.3", ls="--", lw=1, label=f"iteration {it + 1} starts")
         ax.axvline(end, color="0.3", ls=":", lw=1.2, label=f"iteration {it + 1} ends")
@@ -383,7 +428,7 @@ def efficiency_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str]
     ax1.plot(lim, [2 * v for v in lim], color="0.5", lw=1, ls=":", label="2 x bound")
     for s in scheds:
         d = runs[runs["scheduler"] == s]
-        ax1.scatter(d["bound_s"] * 1e3, d["_measured"] * 1e3, color=_colour(s), s=28, label=s, alpha=0.85)
+        ax1.scatter(d["bound_s"] * 1e3, d["_measured"] * 1e3, color=_colour(s, scheds), s=28, label=s, alpha=0.85)
     ax1.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="analytic lower bound (ms)",
             ylabel="measured iteration (ms)", title="Each run against its bound")
     ax1.legend(fontsize=8)
@@ -394,9 +439,9 @@ def efficiency_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str]
     for i, s in enumerate(scheds):
         m = (runs["scheduler"] == s).to_numpy()
         d = runs[m].assign(_x=_dodge(xs[m], i, len(scheds), log, span))
-        ax2.scatter(d["_x"], d["efficiency"], color=_colour(s), s=22, alpha=0.7)
+        ax2.scatter(d["_x"], d["efficiency"], color=_colour(s, scheds), s=22, alpha=0.7)
         mean = d.groupby("_x")["efficiency"].mean()
-        ax2.plot(mean.index, mean.values, color=_colour(s), marker="_", ms=14, lw=1.4, label=s)
+        ax2.plot(mean.index, mean.values, color=_colour(s, scheds), marker="_", ms=14, lw=1.4, label=s)
     if log:
         ax2.set_xscale("log")
         ax2.minorticks_off()
@@ -498,7 +543,7 @@ def replan_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ..
     _theme()
     sweep_dir = Path(sweep_dir)
     runs = load_runs(sweep_dir, status="ok")
-    runs = runs[runs["scheduler"] == "forest"]
+    runs = runs[runs["scheduler_name"] == "forest"]  # every variant of it (tables.variant_names)
     plans = {r: _plans(sweep_dir / r) for r in runs["run_id"]}
     if not any(len(p) > 1 for p in plans.values()):
         raise Skipped("no forest run re-planned")
@@ -633,7 +678,7 @@ def faults_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ..
                 ax.plot(x, 0, "x", color="black", ms=8)
                 continue
             cost = f.groupby("run_id")["cost_s"].sum(min_count=1).median()
-            ax.bar(x, cost, width, color=_colour(s), hatch=hatches[j % len(hatches)], edgecolor="white",
+            ax.bar(x, cost, width, color=_colour(s, scheds), hatch=hatches[j % len(hatches)], edgecolor="white",
                    label=scen if i == 0 else None)
     ax.set_xticks(range(len(scheds)), scheds, rotation=45, ha="right")
     ax.set(ylabel="cost per run (s of iteration time)", title="what the faults cost")
@@ -646,7 +691,7 @@ def faults_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ..
             run = mine.iloc[0]
             job = faults_mod.job_iterations(load_iterations(sweep_dir, mine.iloc[:1], drop_warmup=False))
             # steps: each iteration's time over its own span, from the previous end to its end
-            ax.plot(job["end"] - run["roles_t0_wall"], job["duration_s"] * 1e3, lw=1, color=_colour(s), label=s,
+            ax.plot(job["end"] - run["roles_t0_wall"], job["duration_s"] * 1e3, lw=1, color=_colour(s, scheds), label=s,
                     drawstyle="steps-pre")
         f = table[table["scenario"] == scen].drop_duplicates("fault") if len(table) else table
         for _, row in f.iterrows():

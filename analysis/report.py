@@ -155,8 +155,11 @@ def _provenance(sweep_dir: Path, runs: pd.DataFrame) -> list[str]:
 
 
 def _setup(runs_all: pd.DataFrame, runs: pd.DataFrame, facts: pd.DataFrame) -> list[str]:
+    """What was run: every swept key with its values, those that make configurations and those
+    that make scheduler variants (tunables, `roles.servers`, labels) alike."""
     r = runs.iloc[0]
     keys = swept_keys(runs)
+    variant_keys = [k for k in swept_keys(runs, treatments=True) if k not in keys]
     lines = [f"- Runs: {len(runs_all)} recorded, {len(runs)} completed "
              f"({', '.join(f'{n} {s}' for s, n in runs_all['status'].value_counts().items())})."]
     lines.append(f"- Schedulers: {', '.join(plots.scheduler_order(runs['scheduler']))}.")
@@ -164,11 +167,17 @@ def _setup(runs_all: pd.DataFrame, runs: pd.DataFrame, facts: pd.DataFrame) -> l
                  f"({r['workload.preset']}, {r['num_params']:,} parameters in {r['num_tensors']} tensors), "
                  f"batch {r['workload.batch_size']}, {r['workload.iterations']} iterations of which the first "
                  f"{r['workload.warmup']} are warm-up and left out, {r['compute_mode']} compute.")
+    servers = (", ".join(json.loads(r["roles.servers"])) or "none") if runs["roles.servers"].nunique() == 1 \
+        else "per scheduler variant (swept)"
     lines.append(f"- Roles: {r['num_workers']} workers ({', '.join(json.loads(r['roles.workers']))}), servers: "
-                 f"{', '.join(json.loads(r['roles.servers'])) or 'none'}; topology {r.get('topology.kind', '?')}.")
-    for k in keys:
-        vals = ", ".join(str(v) for v in dict.fromkeys(runs[f"point.{k}"].tolist()))
-        lines.append(f"- Swept: {key_label(k, runs)} (`{k}`) = {vals}.")
+                 f"{servers}; topology {r.get('topology.kind', '?')}.")
+    for k in keys + variant_keys:
+        vals = ", ".join(str(int(v) if isinstance(v, float) and v.is_integer() else v)
+                         for v in dict.fromkeys(runs[f"point.{k}"].tolist())
+                         if v is not None and not (isinstance(v, float) and v != v))
+        role = "" if k in keys else "; runs of one variant pool over it" if k == "seed" else \
+            "; each value a scheduler variant of its own"
+        lines.append(f"- Swept: {key_label(k, runs)} (`{k}`) = {vals}{role}.")
     lines.append(f"- Configurations: {len(facts)} — " + "; ".join(
         f"{f['config']}" + (f": {f['network']}" if f["network"] and f["network"] != f["config"] else "")
         + (" (shared or time-varying bandwidth)" if f["dynamic"] else "") for _, f in facts.iterrows()) + ".")

@@ -114,32 +114,63 @@ def _point_cols(runs: pd.DataFrame) -> list[str]:
     return [f"point.{k}" for k in swept_keys(runs)]
 
 
+def baseline_variant(grp: pd.DataFrame, baseline: str) -> str | None:
+    """The variant (a `scheduler` value) that is `baseline` on one configuration's runs, None
+    where it did not run there.
+
+    The variant named exactly `baseline` if there is one (fifo keeps its plain name wherever
+    it has one treatment per label). Otherwise, where `baseline` is a scheduler that ran here
+    as variants (`tables.variant_names`), its unlabelled ones are preferred to labelled ones,
+    and a single candidate is the baseline. Several are not guessed between (which of fifo on
+    one server and on two is "the" fifo?): ValueError names them, so that one gets a `label:`
+    or is passed as `baseline` by its name."""
+    if baseline in set(grp["scheduler"]):
+        return baseline
+    if "scheduler_name" not in grp:
+        return None
+    mine = grp[grp["scheduler_name"] == baseline]
+    if mine.empty:
+        return None
+    if "label" in mine:
+        plain = mine[~mine["label"].map(lambda v: isinstance(v, str) and v != "")]
+        mine = plain if len(plain) else mine
+    candidates = list(dict.fromkeys(mine["scheduler"]))
+    if len(candidates) == 1:
+        return candidates[0]
+    raise ValueError(f"baseline {baseline!r} is ambiguous on configuration {grp['config'].iloc[0]!r}: it ran as "
+                     + ", ".join(repr(c) for c in sorted(candidates)) + "; label all but one of them (`label:`) "
+                     "or pass one of these names as the baseline")
+
+
 def speedups(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str = "fifo", confidence: float = CONFIDENCE,
              n_resamples: int = 9999, seed: int = 0) -> pd.DataFrame:
-    """One row per (configuration, scheduler other than the baseline): speedup = baseline's
-    iteration time / the scheduler's, with its interval (ci_low, ci_high), the number of
-    observations of each side (n, n_baseline) and what they are (unit). Configurations
-    without a baseline run get no rows. `runs` needs completed runs only; `iters` their
-    measured (post-warm-up) iterations."""
+    """One row per (configuration, scheduler variant other than the baseline): speedup =
+    baseline's iteration time / the variant's, with its interval (ci_low, ci_high), the number
+    of observations of each side (n, n_baseline) and what they are (unit). Variants are
+    treatments (`tables.variant_names`): a swept tunable gives a row per value. The baseline
+    is the configuration's `baseline` variant (`baseline_variant`; its name in `baseline`).
+    Configurations without a baseline run get no rows. `runs` needs completed runs only;
+    `iters` their measured (post-warm-up) iterations."""
     if "config_id" not in runs:
         runs = add_configurations(runs)
     points = _point_cols(runs)
     rows = []
     for cid, grp in runs.groupby("config_id", sort=False):
-        if baseline not in set(grp["scheduler"]):
+        base = baseline_variant(grp, baseline)
+        if base is None:
             continue
         unit = _unit(grp)
         obs = _observations(grp, iters, unit)
         for sched in grp["scheduler"].unique():
-            if sched == baseline:
+            if sched == base:
                 continue
-            est, lo, hi = interval((obs[baseline], obs[sched]), unit, confidence, n_resamples, seed)
+            est, lo, hi = interval((obs[base], obs[sched]), unit, confidence, n_resamples, seed)
             first = grp.iloc[0]
             rows.append({"config_id": cid, "config": first["config"], **{p: first[p] for p in points},
-                         "scheduler": sched, "baseline": baseline, "speedup": est, "ci_low": lo, "ci_high": hi,
-                         "confidence": confidence, "n": len(obs[sched]), "n_baseline": len(obs[baseline]),
+                         "scheduler": sched, "baseline": base, "speedup": est, "ci_low": lo, "ci_high": hi,
+                         "confidence": confidence, "n": len(obs[sched]), "n_baseline": len(obs[base]),
                          "unit": unit, "runs": int((grp["scheduler"] == sched).sum()),
-                         "runs_baseline": int((grp["scheduler"] == baseline).sum())})
+                         "runs_baseline": int((grp["scheduler"] == base).sum())})
     cols = ["config_id", "config", *points, "scheduler", "baseline", "speedup", "ci_low", "ci_high", "confidence",
             "n", "n_baseline", "unit", "runs", "runs_baseline"]
     return pd.DataFrame(rows, columns=cols)

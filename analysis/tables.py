@@ -3,11 +3,14 @@
 Besides the run rows and their long tables this module names *configurations*: runs that
 differ only in the scheduler (its tunables and parameter servers), the seed and the repeat
 index measure the same network and workload, so they are the ones whose times may be compared.
+Within one, each distinct resolved config of a scheduler is a *treatment*, a variant named by
+what sets it apart (`bytescheduler credit 256k`); only its repeats (seed, repeat index) pool.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 
@@ -29,15 +32,177 @@ def _not_configuration(key: str) -> bool:
     return key in ("scheduler", "seed", "schedulers", "roles.servers", "label") or key.startswith("schedulers.")
 
 
-def variant_names(runs: pd.DataFrame) -> pd.DataFrame:
-    """`scheduler` as the analysis compares it: a run with a `label` (config key) is its own
-    variant, `bytescheduler (tuned)` beside `bytescheduler`; the registry name stays in
-    `scheduler_name`."""
-    runs = runs.assign(scheduler_name=runs["scheduler"])
-    if "label" in runs:
-        text = runs["label"].map(lambda v: v if isinstance(v, str) else "")
-        labelled = text != ""
-        runs.loc[labelled, "scheduler"] = runs.loc[labelled, "scheduler"] + " (" + text[labelled] + ")"
+# What repeats of one treatment differ in: the seed, and the repeat index (not a config key).
+_REPEAT_KEYS = ("seed", "repeat")
+# Unit suffixes of scheduler tunables: trimmed from the name, shown with the value.
+_UNITS = (("_numel", ""), ("_bytes", ""), ("_us", " us"), ("_ms", " ms"), ("_mbps", " Mb/s"), ("_mb", " MB"),
+          ("_kb", " KB"), ("_pct", "%"), ("_s", " s"))
+
+
+def _hash(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _norm(v):
+    """A cell or config value as plain data, equal however it was stored: integral floats as
+    ints, NaN as None, arrays and JSON list text as lists."""
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        v = v.tolist()
+    if isinstance(v, float):
+        return None if math.isnan(v) else int(v) if v.is_integer() else v
+    if isinstance(v, str) and v.startswith("["):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
+def _resolved(run, sweep_dir: Path | None) -> dict | None:
+    """The run's resolved config, flattened, or None where its directory has none."""
+    path = Path(sweep_dir) / run["run_id"] / "config.yaml" if sweep_dir is not None else None
+    return _flat(yaml.safe_load(path.read_text()) or {}) if path is not None and path.exists() else None
+
+
+def _config_ident(run, cols: list[str], cfg: dict | None) -> dict:
+    if cfg is not None:
+        return {k: v for k, v in cfg.items() if not _not_configuration(k)}
+    return {c: _scalar(run[c]) for c in cols
+            if c == "sweep" or (c.startswith("point.") and not _not_configuration(c[len("point."):]))}
+
+
+def _text_or_empty(v) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _treatment(run, cols: list[str], cfg: dict | None, name: str) -> tuple[dict, dict, str]:
+    """(the treatment's identity, its scheduler part, its label) of one run.
+
+    The identity is the resolved config without the seed (the repeat index is not in it), and
+    without other schedulers' sections (a run's id hashes only its own). The scheduler part is
+    what can tell two treatments of one configuration apart: the scheduler's own tunables and
+    the parameter servers, as resolved (the grid point's value where the resolved config leaves
+    a tunable out). Without a config file: the grid point, then the row's resolved
+    `schedulers.<name>.*` and `roles.servers` cells where set."""
+    own = f"schedulers.{name}."
+
+    def mine(key: str) -> bool:
+        return key.startswith(own) or key == "roles.servers"
+
+    points = {c[len("point."):]: _norm(run[c]) for c in cols if c.startswith("point.") and mine(c[len("point."):])}
+    if cfg is not None:  # a tunable the resolved config leaves out (startup_us 0) named as the grid set it
+        ident = {k: v for k, v in cfg.items() if k not in _REPEAT_KEYS
+                 and (not k.startswith("schedulers") or k.startswith(own) or k == f"schedulers.{name}")}
+        part = {**{k: v for k, v in points.items() if v is not None}, **{k: _norm(v) for k, v in cfg.items()
+                                                                          if mine(k)}}
+        return ident, part, _text_or_empty(cfg.get("label"))
+    part = {}
+    for c in [c for c in cols if c.startswith("point.")] + [c for c in cols if not c.startswith("point.")]:
+        key = c[len("point."):] if c.startswith("point.") else c
+        if mine(key) and (v := _norm(run[c])) is not None:
+            part[key] = v
+    label = _text_or_empty(run.get("label")) or _text_or_empty(run.get("point.label"))
+    ident = {**_config_ident(run, cols, None), "scheduler": name, "label": label, **part}
+    return ident, part, label
+
+
+def _count(v: int) -> str:
+    """A count of elements: 65536 -> 64k, 4194304 -> 4M; other numbers exact (4,000,000)."""
+    for unit, step in (("M", 1 << 20), ("k", 1 << 10)):
+        if v and v % step == 0:
+            return f"{v // step}{unit}"
+    return f"{v:,}"
+
+
+def _value_of(key: str, v) -> str:
+    last = key.rsplit(".", 1)[-1]
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if v is None:
+        return "none"
+    if isinstance(v, list):
+        return "+".join(map(str, v)) or "none"
+    if isinstance(v, (int, float)):
+        if last.endswith(("_numel", "_bytes")) and float(v).is_integer():
+            return _count(int(v)) + ("B" if last.endswith("_bytes") else "")
+        if last.endswith("_us") and v >= 1000:
+            return f"{v / 1000:g} ms"
+        unit = next((u for s, u in _UNITS if last.endswith(s)), "")
+        return f"{v if isinstance(v, int) else format(v, 'g')}{unit}"
+    return str(v)
+
+
+def _short(key: str, name: str, keys: list[str]) -> str:
+    """A tunable as a variant's name says it: its last component (more where two varying keys
+    share it) less a unit suffix, e.g. schedulers.bytescheduler.credit_numel -> credit."""
+    tail = key[len(f"schedulers.{name}."):] if key.startswith(f"schedulers.{name}.") else key
+    last = tail.rsplit(".", 1)[-1]
+    if sum(k.rsplit(".", 1)[-1] == last for k in keys) > 1:
+        last = tail
+    suffix = next((s for s, _ in _UNITS if last.endswith(s) and len(last) > len(s)), "")
+    return (last[:-len(suffix)] if suffix else last).replace("_", " ").replace(".", " ")
+
+
+def _dump(v) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def variant_names(runs: pd.DataFrame, sweep_dir: Path | None = None) -> pd.DataFrame:
+    """Name each run's *treatment*: `scheduler` becomes the variant the analysis compares, the
+    registry name stays in `scheduler_name`, and `treatment_id` (with `treatment_params`, the
+    scheduler's own tunables and servers as JSON) says which runs are repeats of each other.
+
+    Within a configuration every distinct resolved config of a scheduler, seed and repeat
+    index aside, is a treatment of its own (a swept tunable or `roles.servers` included), and
+    only runs of one treatment are pooled. Its name is the scheduler, its `label` if the config
+    sets one (`bytescheduler (tuned)`), then what tells it apart from the scheduler's other
+    treatments of the same label on some configuration (`bytescheduler credit 256k`, and the
+    default-valued one `bytescheduler credit 64k`); the plain name where there is one. Keys
+    are chosen over the whole table, so a variant has one name on every configuration. Read
+    from each run's config.yaml in `sweep_dir` where present, else from the row."""
+    runs = runs.copy()
+    names = runs["scheduler_name"] if "scheduler_name" in runs else runs["scheduler"]
+    cols = list(runs.columns)
+    info = []  # (config, treatment_id, name, label, part) per run
+    for i, run in runs.iterrows():
+        cfg = _resolved(run, sweep_dir)
+        ident, part, label = _treatment(run, cols, cfg, names[i])
+        info.append((_hash(_config_ident(run, cols, cfg)), _hash(ident), names[i], label, part))
+    # per (scheduler, label): the keys that tell its treatments apart on some configuration
+    parts: dict[tuple[str, str], dict[str, dict[str, dict]]] = {}
+    for cid, _, name, label, part in info:
+        parts.setdefault((name, label), {}).setdefault(cid, {})[_dump(part)] = part
+    varying: dict[tuple[str, str], list[str]] = {}
+    for (name, label), per_config in parts.items():
+        keys: list[str] = []
+        for here in per_config.values():
+            for k in dict.fromkeys(k for p in here.values() for k in p):
+                if k not in keys and len({_dump(p.get(k)) for p in here.values()}) > 1:
+                    keys.append(k)
+        varying[(name, label)] = sorted(keys, key=lambda k: k == "roles.servers")  # servers last
+    text = []
+    for _, _, name, label, part in info:
+        keys = varying[(name, label)]
+        bits = []
+        for k in keys:
+            v = part.get(k)
+            if k == "roles.servers":
+                seen = {_dump(p.get(k)): p.get(k) for c in parts[(name, label)].values() for p in c.values()}
+                by_count = len({len(s) for s in seen.values() if isinstance(s, list)}) == len(seen)
+                hosts = v if isinstance(v, list) else [] if v is None else [v]
+                bits.append(f"{len(hosts)} PS" if by_count else f"PS {'+'.join(map(str, hosts))}" if hosts
+                            else "no PS")
+            else:
+                bits.append(f"{_short(k, name, keys)} {_value_of(k, v) if k in part else 'default'}")
+        text.append(name + (f" ({label})" if label else "") + (" " + ", ".join(bits) if bits else ""))
+    runs["scheduler_name"] = list(names)
+    runs["scheduler"] = text
+    runs["treatment_id"] = [t for _, t, _, _, _ in info]
+    runs["treatment_params"] = [_dump(p) for _, _, _, _, p in info]
+    # Equal names for different treatments of one configuration (values that print alike)
+    cids = pd.Series([c for c, _, _, _, _ in info], index=runs.index)
+    clash = runs.groupby([cids, runs["scheduler"]])["treatment_id"].transform("nunique") > 1
+    runs.loc[clash, "scheduler"] = runs.loc[clash, "scheduler"] + " [" + runs.loc[clash, "treatment_id"] + "]"
     return runs
 
 
@@ -63,7 +228,7 @@ def load_runs(sweep_dir: Path, status: str | None = None, run_ids: list[str] | N
                                   else v)
     if run_ids is not None:
         runs = runs[runs["run_id"].isin(run_ids)]
-    runs = variant_names(runs)
+    runs = variant_names(runs, sweep_dir)
     runs["num_workers"] = runs["roles.workers"].map(lambda s: len(json.loads(s)))
     if status is not None:
         runs = runs[runs["status"] == status]
@@ -131,12 +296,15 @@ def _scalar(v):
     return v
 
 
-def swept_keys(runs: pd.DataFrame) -> list[str]:
+def swept_keys(runs: pd.DataFrame, treatments: bool = False) -> list[str]:
     """The sweep's grid/zip keys that define configurations (from the `point.<key>` columns),
-    leaving out the scheduler, its tunables and the seed, and keys with a single value."""
+    leaving out the scheduler, its tunables and the seed, and keys with a single value. With
+    `treatments`, every swept key but the scheduler itself: the tunables, `roles.servers`, the
+    label and the seed too (what a reader of the setup needs to know was varied)."""
     keys = []
     for col in runs.columns:
-        if col.startswith("point.") and not _not_configuration(col[len("point."):]):
+        key = col[len("point."):]
+        if col.startswith("point.") and (key != "scheduler" if treatments else not _not_configuration(key)):
             if runs[col].map(_scalar).nunique(dropna=True) > 1:
                 keys.append(col[len("point."):])
     return keys
@@ -186,20 +354,13 @@ def add_configurations(runs: pd.DataFrame, sweep_dir: Path | None = None) -> pd.
     equal apart from `scheduler`, `schedulers.*` and `seed`; the repeat index is not part of a
     config. The YAML is used rather than the row's columns because some row cells are
     overwritten by measurements (cross_traffic holds what the tenants achieved). Without a
-    run directory (e.g. a synthetic table) the sweep name and the grid point decide.
+    run directory (e.g. a synthetic table) the sweep name and the grid point decide. Rows not
+    from `load_runs` get their treatments named here (`variant_names`).
     """
-    runs = runs.copy()
+    runs = runs.copy() if "treatment_id" in runs else variant_names(runs, sweep_dir)
     ids = []
     for _, run in runs.iterrows():
-        path = Path(sweep_dir) / run["run_id"] / "config.yaml" if sweep_dir is not None else None
-        if path is not None and path.exists():
-            cfg = _flat(yaml.safe_load(path.read_text()))
-            ident = {k: v for k, v in cfg.items() if not _not_configuration(k)}
-        else:
-            ident = {c: _scalar(run[c]) for c in runs.columns
-                     if c == "sweep" or (c.startswith("point.") and not _not_configuration(c[len("point."):]))}
-        blob = json.dumps(ident, sort_keys=True, default=str)
-        ids.append(hashlib.sha256(blob.encode()).hexdigest()[:8])
+        ids.append(_hash(_config_ident(run, list(runs.columns), _resolved(run, sweep_dir))))
     runs["config_id"] = ids
     keys = swept_keys(runs)
 
