@@ -102,7 +102,13 @@ def evaluate(runs: pd.DataFrame, iters: pd.DataFrame, facts: pd.DataFrame, claim
     testable, measured (speedup range with intervals), verdict, and the two settings.
     `runs` need `config_id`/`config` (tables.add_configurations), `facts` is
     tables.config_facts of the same runs; `kw` goes to speedup.speedups."""
-    present = set(runs["scheduler"])
+    # scheduler variants (tables.variant_names) by registry name: a claim about `mercury` over
+    # `bytescheduler` is tested on every variant of each
+    names = runs["scheduler_name"] if "scheduler_name" in runs else runs["scheduler"]
+    variants: dict[str, list[str]] = {}
+    for v, n in dict(zip(runs["scheduler"], names)).items():
+        variants.setdefault(n, []).append(v)
+    present = set(variants)
     rows = []
     for claim in claims:
         base = {"paper": claim.paper, "claim": claim.statement, "paper_setting": claim.paper_setting,
@@ -123,9 +129,9 @@ def evaluate(runs: pd.DataFrame, iters: pd.DataFrame, facts: pd.DataFrame, claim
                          "measured": f"not testable: no configuration has {CONDITIONS[claim.condition]}"})
             continue
         sub = runs[runs["config_id"].isin(matching)]
-        for b in baselines:
+        for b in [v for name in baselines for v in variants[name]]:
             table = speedups(sub, iters, baseline=b, **kw)
-            table = table[table["scheduler"] == claim.scheduler]
+            table = table[table["scheduler"].isin(variants[claim.scheduler])]
             if table.empty:
                 rows.append({**base, "baseline": b, "testable": False,
                              "measured": f"not testable: `{claim.scheduler}` and `{b}` never ran on the same "

@@ -30,7 +30,7 @@ _NOT_NETWORK = ("scheduler", "schedulers", "seed", "roles", "name")
 
 def variant(run: pd.Series) -> str:
     """A baseline as the report names it: the scheduler and what makes it that deployment."""
-    sched = run["scheduler"]
+    sched = _registry_name(run)
     if sched == "forest":
         return f"forest ({_text(run.get('schedulers.forest.bandwidth'), 'measured')} bandwidth)"
     if sched == "ring":
@@ -40,6 +40,12 @@ def variant(run: pd.Series) -> str:
         servers = ", ".join(json.loads(servers)) if isinstance(servers, str) and servers.startswith("[") else servers
         return f"{sched} (server on {servers})"
     return sched
+
+
+def _registry_name(run: pd.Series) -> str:
+    """The scheduler's registry name (`scheduler` may be a variant's, tables.variant_names)."""
+    name = run.get("scheduler_name")
+    return name if isinstance(name, str) and name else run["scheduler"]
 
 
 def _text(value, default: str) -> str:
@@ -83,8 +89,8 @@ def _iteration(run: pd.Series) -> float:
 
 def _bound(run: pd.Series) -> float:
     """The bound of the model the run plays in; ring and gloo in the given order use that order's."""
-    if run["scheduler"] == "gloo" or (run["scheduler"] == "ring"
-                                      and _text(run.get("schedulers.ring.order"), "given") == "given"):
+    sched = _registry_name(run)
+    if sched == "gloo" or (sched == "ring" and _text(run.get("schedulers.ring.order"), "given") == "given"):
         rank = run.get("ring_rank_order_bound_s")
         if rank is not None and np.isfinite(rank):
             return max(float(rank), float(run.get("compute_median_s") or 0))

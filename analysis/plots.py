@@ -280,11 +280,11 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
     """Per-tensor communication of one iteration's gradients on one worker, one panel per
     scheduler: a bar per chunk from its push being sent to its aggregate arriving, tensors
     in priority order (key 0, the input side, at the top). Time 0 is the start of the next
-    iteration, whose forward pass needs the aggregates layer by layer, so a bar that ends
+    iteration's forward pass, which needs the aggregates layer by layer, so a bar that ends
     late on a top row is what stalls training; pushes made during the backward pass are at
-    t < 0. Unless `iteration` is given, the iteration shown is the one before the iteration
-    whose time is closest to the median, both measured (contracts/iterations.py). Raises
-    Skipped without a trace."""
+    t < 0, and the iteration ends when its last aggregate is applied (contracts/iterations.py).
+    Unless `iteration` is given, the iteration shown is the measured one (followed by another)
+    whose time is closest to the median. Raises Skipped without a trace."""
     from analysis.tables import add_configurations
 
     _theme()
@@ -301,17 +301,19 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
         its = pd.read_parquet(sweep_dir / run["run_id"] / "iterations.parquet")
         its = its[its["rank"] == rank].set_index("iteration").sort_index()
         dur = its["end"] - its["start"]
-        # candidates: measured iterations whose predecessor, the one shown, is measured too
-        after = dur[measured(dur.index - 1, run["workload.warmup"], run["workload.iterations"])]
+        # candidates: measured iterations followed by another, whose forward pass is time 0
+        shown = dur[measured(dur.index, run["workload.warmup"], run["workload.iterations"])
+                    & (dur.index < dur.index.max())]
         if iteration is not None:
             it = iteration
-        elif len(after):
-            it = int((after - after.median()).abs().idxmin()) - 1
+        elif len(shown):
+            it = int((shown - shown.median()).abs().idxmin())
         else:
             it = int(dur.index.max()) - 1
-        if it + 1 not in its.index:
+        if it + 1 not in its.index or it not in its.index:
             raise Skipped(f"run {run['run_id']}: no iteration {it + 1} after iteration {it}")
-        t0 = its.loc[it + 1, "start"]
+        # older tables have no forward_start: their iterations began with the forward pass
+        t0 = its.loc[it + 1, "forward_start" if "forward_start" in its else "start"]
         ev = load_events(sweep_dir, run["run_id"])
         spans = _chunk_spans(ev[(ev["rank"] == rank) & (ev["iteration"] == it)])
         # chunks of one tensor side by side within its row, in chunk order
@@ -321,9 +323,9 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
         ax.barh(spans["key"] - 0.4 + spans["j"] * spans["h"], (spans["recv"] - spans["send"]) * 1e3,
                 left=(spans["send"] - t0) * 1e3, height=spans["h"] * 0.9, align="edge",
                 color=_colour(run["scheduler"], chosen["scheduler"]), edgecolor="none", alpha=0.85)
-        end = (its.loc[it + 1, "end"] - t0) * 1e3
-        ax.axvline(0, color="0.3", ls="--", lw=1, label=f"iteration {it + 1} starts")
-        ax.axvline(end, color="0.3", ls=":", lw=1.2, label=f"iteration {it + 1} ends")
+        end = (its.loc[it, "end"] - t0) * 1e3
+        ax.axvline(0, color="0.3", ls="--", lw=1, label=f"iteration {it + 1}'s forward pass starts")
+        ax.axvline(end, color="0.3", ls=":", lw=1.2, label=f"iteration {it} ends (its last aggregate applied)")
         if len(spans):
             x_min = min(x_min, float((spans["send"].min() - t0) * 1e3))
             x_max = max(x_max, end, float((spans["recv"].max() - t0) * 1e3))
@@ -331,11 +333,11 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
         ax.set_ylim(n_keys - 0.5, -0.6)
         ax.set_ylabel("tensor key\n(0 = input side)")
         median = dur[measured(dur.index, run["workload.warmup"], run["workload.iterations"])].median()
-        ax.set_title(f"{run['scheduler']}: gradients of iteration {it} ({len(spans)} chunks); iteration {it + 1} "
-                     f"took {dur.loc[it + 1] * 1e3:.0f} ms (run median {median * 1e3:.0f} ms)", fontsize=9, loc="left")
+        ax.set_title(f"{run['scheduler']}: gradients of iteration {it} ({len(spans)} chunks); iteration {it} "
+                     f"took {dur.loc[it] * 1e3:.0f} ms (run median {median * 1e3:.0f} ms)", fontsize=9, loc="left")
         ax.legend(fontsize=7, loc="lower right")
         ax.grid(axis="y", visible=False)
-    axes[-1, 0].set_xlabel(f"time since the next iteration started on worker {rank} ({host}) (ms)")
+    axes[-1, 0].set_xlabel(f"time since the next iteration's forward pass started on worker {rank} ({host}) (ms)")
     pad = (x_max - x_min) * 0.03
     axes[-1, 0].set_xlim(x_min - pad, x_max + pad)
     first = chosen.iloc[0]

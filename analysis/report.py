@@ -19,7 +19,7 @@ from analysis import bounds as bounds_mod
 from analysis import claims as claims_mod
 from analysis import faults as faults_mod
 from analysis import fidelity, forest_compare, physics, plots, startup
-from analysis.speedup import METHOD, MIN_REPEATS, iteration_times, load_comparison, speedups
+from analysis.speedup import METHOD, MIN_REPEATS, baseline_variant, iteration_times, load_comparison, speedups
 from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
 
 FIGURES = [  # (file stem, heading, function, caption)
@@ -70,7 +70,7 @@ def summary(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str) -> pd.DataFr
     for _, t in times.iterrows():
         grp = runs[(runs["config_id"] == t["config_id"]) & (runs["scheduler"] == t["scheduler"])]
         key = (t["config_id"], t["scheduler"])
-        if t["scheduler"] == baseline:
+        if t["scheduler"] == baseline_variant(runs[runs["config_id"] == t["config_id"]], baseline):
             speed = "1 (baseline)"
         elif key in sp.index:
             s = sp.loc[key]

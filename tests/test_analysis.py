@@ -17,6 +17,7 @@ from analysis import claims, fidelity, plots
 from analysis.report import FIGURES, write_report
 from analysis.speedup import interval, iteration_times, load_speedups, speedups
 from analysis.tables import add_configurations, load_iterations, load_runs
+from contracts.iterations import NoMeasuredIteration
 from tests.conftest import REPO, invoke
 
 MINI = REPO / "tests" / "data" / "results" / "mini"
@@ -189,23 +190,28 @@ def test_every_reason_code_has_a_category_and_the_mini_set_reads_without_codes()
     assert s["failed"] == len(runs) and list(s["reasons"]["category"]) == [fidelity.CATEGORIES["cpu_idle"]]
 
 
-def test_measured_iterations_keep_the_last_when_warmup_covers_the_run(tmp_path):
-    """load_iterations keeps what the run's row summarised: iterations >= min(warmup, iterations - 1)."""
+def test_measured_iterations_are_those_after_warmup_and_a_run_with_none_is_refused(tmp_path):
+    """load_iterations keeps what the run's row summarised: iterations >= warmup, which must be
+    fewer than the iterations (contracts/iterations.py)."""
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     pd.DataFrame({"rank": 0, "iteration": range(4), "start": range(4), "end": np.arange(4) + 0.5}).to_parquet(
         run_dir / "iterations.parquet")
     runs = pd.DataFrame({"run_id": ["r"], "scheduler": "fifo", "repeat": 0, "workload.iterations": 4})
-    for warmup, kept in ((0, [0, 1, 2, 3]), (2, [2, 3]), (4, [3]), (9, [3])):
+    for warmup, kept in ((0, [0, 1, 2, 3]), (2, [2, 3]), (3, [3])):
         its = load_iterations(tmp_path, runs.assign(**{"workload.warmup": warmup}))
         assert its["iteration"].tolist() == kept, warmup
+    for warmup in (4, 9):
+        with pytest.raises(NoMeasuredIteration, match=f"warmup \\({warmup}\\)"):
+            load_iterations(tmp_path, runs.assign(**{"workload.warmup": warmup}))
 
 
 def write_sweep(root: Path) -> Path:
     """A made-up sweep on disk, as `./inv sweep` lays it out: 2 models x 2 bandwidths x
     fifo/bytescheduler/mercury x 3 repeats (so intervals are over runs), link samples and
     role specs borrowed from a mini run, no scheduler trace."""
-    sweep, donor = root / "synth", next(p for p in MINI.iterdir() if p.is_dir())
+    # the donor's links (50 Mb/s) are what the bounds see: the made-up times must not beat them
+    sweep, donor = root / "synth", MINI / "05868d9c075f"
     rows, frames = [], []
     for model, scale in (("cnn", 1.0), ("vgg", 4.0)):
         true = {(bw, s): scale * f * 10 / bw for bw in (10, 50)
