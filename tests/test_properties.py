@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 
 import networkx as nx
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -173,3 +174,43 @@ def test_bounds_never_grow_with_bandwidth_and_none_is_below_the_cut_bound(net, s
         doubled.edges[a, b]["capacity"] *= 2
     for model, value in all_bounds(doubled, workers, servers).items():   # time is bytes over rate
         assert value == pytest.approx(before[model] / 2, rel=LP_REL)
+
+
+# ---------------------------------------------------------------------------- treatments
+
+SWEEPS = st.fixed_dictionaries({
+    "bws": st.lists(st.sampled_from([10, 25, 50, 100]), min_size=1, max_size=2, unique=True),
+    "credits": st.lists(st.sampled_from([65536, 262144, 1048576]), min_size=1, max_size=3, unique=True),
+    "partitions": st.lists(st.sampled_from([4096, 16384]), min_size=1, max_size=2, unique=True),
+    "repeats": st.integers(1, 3)})
+
+
+@settings(max_examples=25)
+@given(sweep=SWEEPS)
+def test_treatments_are_the_distinct_resolved_configs_and_only_repeats_pool(sweep):
+    """A grid over the network and bytescheduler's tunables, with fifo beside it, as the sweep's
+    rows record it: every distinct resolved config (seed and repeat aside) is one treatment,
+    and each holds exactly its repeats."""
+    from analysis.tables import add_configurations
+
+    rows = []
+    for bw in sweep["bws"]:
+        settings_ = [("fifo", sweep["credits"][0], sweep["partitions"][0])]
+        settings_ += [("bytescheduler", c, p) for c in sweep["credits"] for p in sweep["partitions"]]
+        for name, credit, part in settings_:
+            for rep in range(sweep["repeats"]):
+                row = {"run_id": f"{bw}-{name}-{credit}-{part}-{rep}", "sweep": "grid", "status": "ok",
+                       "scheduler": name, "repeat": rep, "seed": rep, "label": None, "roles.servers": '["ps"]',
+                       "point.topology.bw_mbps": bw, "point.scheduler": name, "point.seed": rep,
+                       "point.schedulers.bytescheduler.credit_numel": credit,
+                       "point.schedulers.bytescheduler.partition_numel": part}
+                if name == "bytescheduler":
+                    row.update({"schedulers.bytescheduler.credit_numel": credit,
+                                "schedulers.bytescheduler.partition_numel": part})
+                rows.append(row)
+    named = add_configurations(pd.DataFrame(rows))
+    expected = len(sweep["bws"]) * (1 + len(sweep["credits"]) * len(sweep["partitions"]))
+    groups = named.groupby(["config_id", "scheduler"])["run_id"].nunique()
+    assert len(groups) == expected == named["treatment_id"].nunique()
+    assert set(groups) == {sweep["repeats"]}
+    assert named["config_id"].nunique() == len(sweep["bws"])
