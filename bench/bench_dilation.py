@@ -28,16 +28,15 @@ from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from analysis.bounds import annotate
+from emu.config import ConfigError, Sections
+from emu.plan import Plan, load_plan
+from emu.results import read_runs, update_runs
+from emu.sweep import run_plan
+from schedulers.registry import params_models
+from workloads.config import WorkloadConfig
 
-from analysis.bounds import annotate  # noqa: E402
-from emu.config import ConfigError, Sections  # noqa: E402
-from emu.plan import Plan, load_plan  # noqa: E402
-from emu.results import read_runs, update_runs  # noqa: E402
-from emu.sweep import run_plan  # noqa: E402
-from schedulers.registry import params_models  # noqa: E402
-from workloads.config import WorkloadConfig  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 NAME = "bench-dilation"
 

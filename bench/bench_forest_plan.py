@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import networkx as nx
 
-import networkx as nx  # noqa: E402
-
-from analysis.bounds import MAX_LP_HOSTS, forest_rate_bps  # noqa: E402
-from emu.topology import capacity_graph  # noqa: E402
-from emu.topospec import RacksTopology, StarTopology  # noqa: E402
-from schedulers.forest_plan import plan_forest  # noqa: E402
+from analysis.bounds import MAX_LP_HOSTS, forest_rate_bps
+from emu.topology import capacity_graph
+from emu.topospec import RacksTopology, StarTopology
+from schedulers.forest_plan import plan_forest
 
 RACKS = {4: (2, 2), 9: (3, 3), 16: (4, 4), 32: (4, 8), 64: (8, 8)}
 

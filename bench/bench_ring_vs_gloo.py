@@ -30,11 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from schedulers import registry
+from schedulers.base import Endpoint, RoleContext, TensorSpec
 
-from schedulers import registry  # noqa: E402
-from schedulers.base import Endpoint, RoleContext, TensorSpec  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def tensor_sizes(args) -> list[int]:

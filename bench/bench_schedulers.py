@@ -23,10 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from schedulers.transport import (  # noqa: E402
+from schedulers.transport import (
     HOST_QUEUE_S,
     PRIORITY_QUEUE_S,
     QUEUE_S,
@@ -36,7 +33,9 @@ from schedulers.transport import (  # noqa: E402
     connect,
     listen,
 )
-from schedulers.txstamps import TxStamps  # noqa: E402
+from schedulers.txstamps import TxStamps
+
+REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------- peers (run inside hosts)
 

@@ -33,13 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from contracts.role_spec import Address, role_specs
+from schedulers import registry
+from schedulers.base import Endpoint, RoleContext, TensorSpec
+from schedulers.transport import AUTO, Connection, Kind, Outbox
 
-from contracts.role_spec import Address, role_specs  # noqa: E402
-from schedulers import registry  # noqa: E402
-from schedulers.base import Endpoint, RoleContext, TensorSpec  # noqa: E402
-from schedulers.transport import AUTO, Connection, Kind, Outbox  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 KiB, MiB = 1024, 1024 * 1024
 URGENT_KEY = 999_999

@@ -23,12 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from workloads import profile_file
+from workloads.config import MODELS, default_profile
+from workloads.local import run_job
 
-from workloads import profile_file  # noqa: E402
-from workloads.config import MODELS, default_profile  # noqa: E402
-from workloads.local import run_job  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def bench_one(model: str, preset: str, reprofile: bool, tmp: Path) -> dict:

@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+from emu import netlink, tc
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
-from emu import netlink, tc  # noqa: E402
 
 A, B, DA, DB = "slrecA", "slrecB", "slrecx", "slrecy"
 
