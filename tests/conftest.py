@@ -52,6 +52,7 @@ SLOW = [
     "tests/test_replay.py::test_replay_aggregates_exactly_in_order[bytescheduler-params1]",
     "tests/test_replay.py::test_replay_keeps_the_profiles_per_layer_times",
     "tests/test_replay.py::test_replay_worker_holds_about_twice_its_gradients_and_no_torch",
+    "tests/test_repo.py::test_vagrantfile_syntax",  # installs vagrant where it is missing (about 10 s)
     "tests/test_schedulers_collective.py::test_gloo_missing_worker_fails_rendezvous_in_time",
     "tests/test_schedulers_collective.py::test_gloo_worker_death_ends_everyone",
     "tests/test_schedulers_collective.py::test_ring_keeps_emulated_links_busy",
