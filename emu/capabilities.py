@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from emu import machine
-from emu.cleanup import CGROUP_ROOT, CPU_CGROUPS
+from emu import cgroups, machine
 
 QDISCS = ("htb", "tbf", "netem", "pfifo", "bfifo", "prio", "fq", "fq_codel", "sfq", "red", "ingress")
 _KCONFIG = {"htb": "NET_SCH_HTB", "tbf": "NET_SCH_TBF", "netem": "NET_SCH_NETEM", "prio": "NET_SCH_PRIO",
@@ -79,33 +78,37 @@ def has_qdisc(name: str) -> bool | None:
     return qdiscs()[0].get(name)
 
 
+def cgroup_layout() -> cgroups.Layout:
+    """The cgroup hierarchies mounted here (v1, v2 or hybrid) and their controllers."""
+    return cgroups.detect()
+
+
 def cgroup_controllers() -> dict[str, str]:
-    """controller -> 'v1' | 'v2' for those mounted."""
-    out: dict[str, str] = {}
-    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
-    if v2.exists():
-        for c in v2.read_text().split():
-            out[c] = "v2"
-    for line in Path("/proc/mounts").read_text().splitlines():
-        parts = line.split()
-        if len(parts) > 3 and parts[2] == "cgroup":
-            for opt in parts[3].split(","):
-                if opt in ("cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "net_cls"):
-                    out.setdefault(opt, "v1")
-    try:
-        for line in Path("/proc/cgroups").read_text().splitlines()[1:]:
-            name, _h, _n, enabled = line.split()
-            if enabled == "1":
-                out.setdefault(name, "available (not mounted)")
-    except (OSError, ValueError):
-        pass
-    return out
+    """controller -> 'v1' | 'v2' for those mounted (v2: offered by the unified root's
+    cgroup.controllers), 'available (not mounted)' for those the kernel has in neither."""
+    return cgroup_layout().controllers()
 
 
-def missing_cgroup_mounts() -> list[str]:
-    """Of the cgroup v1 controllers a CPU-limited host needs, those not mounted."""
-    have = cgroup_controllers()
-    return [c for c in CPU_CGROUPS if have.get(c) != "v1"]
+def cpu_cgroup_problem(controllers: dict[str, str] | None = None) -> tuple[str, str | None] | None:
+    """Why `host_cpu` and `slow` faults cannot run here, and the fix this system can do;
+    None if they can. One rule for the doctor, preflight and the testbed: the cpu controller
+    bound to a v1 hierarchy, or offered by the unified (v2) root. `controllers`:
+    `cgroup_controllers()`, if the caller has it already."""
+    where = (cgroup_controllers() if controllers is None else controllers).get("cpu")
+    if where in ("v1", "v2"):
+        return None
+    if where is None:
+        return "which is not mounted here", None
+    return cgroup_layout().cpu_problem() or ("which is not mounted here", None)
+
+
+def cpu_cgroup_refusal(field: str, controllers: dict[str, str] | None = None) -> str | None:
+    """The one-line refusal of `field` (host_cpu, faults[i]: slow) on this machine, or None."""
+    problem = cpu_cgroup_problem(controllers)
+    if problem is None:
+        return None
+    why, fix = problem
+    return f"{field} needs the cgroup cpu controller (CFS bandwidth), {why}" + (f"; fix: {fix}" if fix else "")
 
 
 def tcp_congestion_controls() -> list[str]:
@@ -189,6 +192,32 @@ def _forward_policy() -> Check:
                  "bridges' traffic" if policy == "DROP" else "accepts bridged frames")
 
 
+def _cgroup_checks() -> list[Check]:
+    """The hierarchy found, and whether host_cpu and slow faults work on it (and how)."""
+    layout = cgroup_layout()
+    out = [Check("cgroup", "hierarchy", True, layout.describe(),
+                 "the harness mounts none; v1 groups are made in the cpu hierarchy, v2 groups below "
+                 f"{layout.v2 or cgroups.SYS_ROOT}/{cgroups.V2_PARENT}")]
+    tree = layout.cpu_tree()
+    problem = cpu_cgroup_problem(layout.controllers())
+    if tree is not None and problem is None:
+        where = (f"yes: v1, {', '.join(str(p.parent) for p in tree.paths('h'))}" if tree.hierarchy == "v1" else
+                 f"yes: v2, cpu in {layout.v2}/cgroup.controllers")
+        how = ("one group per limited host (cpu.cfs_quota_us), recorded and removed with the network"
+               if tree.hierarchy == "v1" else
+               "one group per limited host (cpu.max) below the harness's own cgroup; cpu enabled in the "
+               "subtree_control above it where it is not, each change recorded and undone with the network")
+        out.append(Check("cgroup", "cpu controller (host_cpu, slow)", True, where, how))
+    else:
+        why, fix = problem or ("which is not mounted here", None)
+        state = "no cpu line in /proc/cgroups (a kernel without CONFIG_CGROUP_SCHED)" if (
+            "cpu" not in layout.controllers() and layout.kernel is not None) else f"no: {why}"
+        out.append(Check("cgroup", "cpu controller (host_cpu, slow)", False, state,
+                         "needed only for host_cpu and slow faults (refused without it)"
+                         + (f"; fix: {fix}" if fix else "")))
+    return out
+
+
 def checks() -> list[Check]:
     """Every piece of machine state the harness depends on or changes (README: Machine requirements)."""
     out: list[Check] = []
@@ -211,12 +240,7 @@ def checks() -> list[Check]:
         ok = Path(path).exists() or (feature != "network namespaces" and bool(q.get("htb")))
         out.append(Check("kernel", feature, ok, "yes" if ok else "not found",
                          "built in or auto-loaded on first use; a loaded module stays loaded"))
-    missing = missing_cgroup_mounts()
-    out.append(Check("cgroup", "cpu, cpuacct, cpuset (v1)", not missing,
-                     "mounted" if not missing else f"{', '.join(missing)} not mounted under {CGROUP_ROOT}",
-                     "needed only for host_cpu; one group per limited host, recorded and removed with the network"
-                     + ("" if not missing else f"; fix: mount -t cgroup -o {missing[0]} {missing[0]} "
-                        f"{CGROUP_ROOT}/{missing[0]}")))
+    out += _cgroup_checks()
     from emu.netlink import available
     why = available()
     try:

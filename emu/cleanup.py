@@ -1,8 +1,9 @@
 """What a run started, written down as it starts it, so anything can be torn down later.
 
 Each orchestrator process owns `/run/schedlab/<pid>/` and records there every Mininet
-host shell, role process, root-namespace interface and cgroup it creates, and the
-machine's value of every kernel setting it changes, before changing it. A process is
+host shell, role process, root-namespace interface and cgroup it creates (with any change
+to a shared cgroup, emu/cgroups.py), and the machine's value of every kernel setting it
+changes, before changing it. A process is
 identified by (pid, start time), so a recycled pid is never killed. `clean()` removes the
 state of orchestrators that are gone (or, with `force`, of all of them): it kills recorded
 process groups, deletes recorded interfaces and puts recorded settings back. Nothing is
@@ -19,11 +20,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from emu import cgroups
 from emu.machine import read_sysctl, write_sysctl
 
 STATE_ROOT = Path(os.environ.get("SCHEDLAB_STATE_DIR", "/run/schedlab"))
-CGROUP_ROOT = "/sys/fs/cgroup"  # cgroup v1 hierarchies, one directory per controller
-CPU_CGROUPS = ("cpu", "cpuacct", "cpuset")  # where Mininet's CPULimitedHost makes a host's group
+CGROUP_ROOT = str(cgroups.SYS_ROOT)  # v1 hierarchies (a directory each) or the v2 root
+CPU_CGROUPS = ("cpu", "cpuacct", "cpuset")  # v1: where a record without paths (older runs) has its groups
 
 
 def start_time(pid: int) -> int | None:
@@ -111,8 +113,27 @@ class StateDir:
     def add_link(self, name: str) -> None:
         self._write(f"link-{name}.json", {"name": name})
 
-    def add_cgroup(self, name: str) -> None:
-        self._write(f"cgroup-{name}.json", {"name": name})
+    def add_cgroup(self, name: str, paths: list[Path] | None = None) -> None:
+        """A host's cgroup, with its directories (each hierarchy's), before it is created."""
+        self._write(f"cgroup-{name}.json", {"name": name, "paths": [str(p) for p in paths or []]})
+
+    def add_cgroup_change(self, change: cgroups.Change) -> None:
+        """A change to a cgroup the harness does not own (v2: a controller enabled in a
+        parent's subtree_control) or a parent cgroup it creates, before it is made; undone
+        newest first after the hosts' groups are removed."""
+        seq = time.time_ns()
+        self._write(f"cgchange-{seq}.json", {**change.as_dict(), "seq": seq})
+
+    def cgroup_changes(self) -> list[dict]:
+        out = []
+        for f in self.path.glob("cgchange-*.json"):
+            try:
+                rec = json.loads(f.read_text())
+                out.append({"undo": str(rec["undo"]), "path": str(rec["path"]),
+                            "controller": str(rec.get("controller", "")), "seq": int(rec["seq"])})
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return sorted(out, key=lambda r: r["seq"], reverse=True)
 
     def change_sysctl(self, key: str, value: str) -> None:
         """Set a machine-wide sysctl for this run, its current value recorded first (once:
@@ -152,6 +173,20 @@ class StateDir:
     def cgroups(self) -> list[str]:
         return self._names("cgroup")
 
+    def cgroup_paths(self) -> dict[str, list[Path]]:
+        """Recorded host cgroups -> their directories (a record from before paths were
+        written: the v1 hierarchies Mininet's CPULimitedHost used)."""
+        out = {}
+        for f in sorted(self.path.glob("cgroup-*.json")):
+            try:
+                rec = json.loads(f.read_text())
+                name = rec["name"]
+            except (OSError, ValueError, KeyError):
+                continue
+            paths = rec.get("paths") or [Path(CGROUP_ROOT) / c / name for c in CPU_CGROUPS]
+            out[name] = [Path(p) for p in paths]
+        return out
+
     def processes(self) -> list[Proc]:
         out = []
         for f in sorted(self.path.glob("proc-*.json")):
@@ -182,15 +217,16 @@ class StateDir:
             if Path(f"/sys/class/net/{name}").exists():
                 found.append(f"link {name}")
                 delete_link(name)
-        for name in self.cgroups():
-            dirs = [d for d in (Path(CGROUP_ROOT) / c / name for c in CPU_CGROUPS) if d.is_dir()]
+        for name, paths in self.cgroup_paths().items():
+            dirs = [d for d in paths if d.is_dir()]
             if dirs:
                 found.append(f"cgroup {name}")
             for d in dirs:
-                try:
-                    d.rmdir()  # empty once its processes are gone
-                except OSError:
-                    pass
+                cgroups.rmdir(d)  # empty once its processes are gone
+        for change in self.cgroup_changes():
+            line = cgroups.undo(change)
+            if line:
+                found.append(line)
         if sysctls:
             found += restore_sysctls(self.sysctls())
         return found
@@ -198,7 +234,7 @@ class StateDir:
     def clear(self) -> None:
         """Forget the records of a network that was torn down cleanly."""
         for f in [*self.path.glob("proc-*.json"), *self.path.glob("link-*.json"), *self.path.glob("cgroup-*.json"),
-                  *self.path.glob("sysctl-*.json")]:
+                  *self.path.glob("cgchange-*.json"), *self.path.glob("sysctl-*.json")]:
             f.unlink(missing_ok=True)
 
     def remove(self) -> None:

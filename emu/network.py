@@ -21,10 +21,10 @@ from typing import IO
 from mininet.link import Link
 from mininet.log import setLogLevel
 from mininet.net import Mininet
-from mininet.node import CPULimitedHost, Host
+from mininet.node import Host
 from mininet.nodelib import LinuxBridge
 
-from emu import capabilities, machine, tc
+from emu import capabilities, cgroups, machine, tc
 from emu.cleanup import StateDir, clean, kill_group, start_time
 from emu.netlink import HtbRates, NetlinkError
 from emu.topology import mininet_topo
@@ -55,12 +55,59 @@ class RecordedBridge(_Recorded, LinuxBridge):
     pass
 
 
-class RecordedCPULimitedHost(_Recorded, CPULimitedHost):
-    """A host in its own cpu,cpuacct cgroup; the cgroup is recorded too (a kill -9 would leave it)."""
+def _joining(procs_files: Sequence[Path]) -> list[str]:
+    """A command prefix that writes its own pid to each cgroup.procs file, then execs the rest:
+    a role is in its host's group before it runs. Mininet's popen starts roles as children of
+    the orchestrator (mnexec -a enters only the namespaces), so the shell's group is not
+    inherited; mnexec -g, which Mininet uses instead, knows only v1 paths."""
+    script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
+    return ["sh", "-c", script, "sh", *map(str, procs_files), "--"]
 
-    def __init__(self, name, state: StateDir, **params):
-        state.add_cgroup(name)
+
+class RecordedCgroupHost(RecordedHost):
+    """A host in a CPU cgroup of its own (`host_cpu`, or a host a slow fault throttles), on
+    whichever hierarchy the machine has (emu/cgroups.py). The group is recorded before it is
+    created (a kill -9 would leave it), its shell and every process started in it join it,
+    and it goes with the network (`StateDir.teardown`). It replaces Mininet's
+    CPULimitedHost, which drives v1 only (cgcreate, cgset, mnexec -g); the limit arithmetic
+    is the same."""
+
+    def __init__(self, name, state: StateDir, tree: cgroups.CpuTree, **params):
+        self._tree = tree
+        state.add_cgroup(name, tree.paths(name))
+        try:
+            tree.create(name, on_change=state.add_cgroup_change)
+        except cgroups.CgroupError as e:
+            raise NetworkError(f"host {name}: {e}") from None
         super().__init__(name, state=state, **params)
+
+    def startShell(self, *args, **kwargs):  # noqa: N802 (Mininet's name)
+        super().startShell(*args, **kwargs)
+        try:
+            self._tree.add(self.name, self.shell.pid)
+        except cgroups.CgroupError as e:
+            raise NetworkError(f"host {self.name}: {e}") from None
+
+    def config(self, cpu: float = -1.0, **params):
+        """Mininet passes the topology's `cpu` (share of the machine, -1: no limit) here."""
+        r = super().config(**params)
+        self.set_share(cpu)
+        return r
+
+    def set_share(self, share: float) -> None:
+        """Limit the host to `share` of the machine's CPU (negative: no limit), read back."""
+        want = cgroups.cfs_limit(share)
+        try:
+            got = self._tree.set_limit(self.name, share)
+        except cgroups.CgroupError as e:
+            raise NetworkError(f"host {self.name}: {e}") from None
+        if got != want:
+            raise NetworkError(f"host {self.name}: {self._tree.limit_file} reads quota/period {got}, wanted "
+                               f"{want} (share {share:g})")
+
+    def popen(self, *args, **kwargs):
+        kwargs.setdefault("mncmd", [*_joining(self._tree.procs_files(self.name)), "mnexec", "-da", str(self.pid)])
+        return super().popen(*args, **kwargs)
 
 
 class Testbed:
@@ -84,6 +131,7 @@ class Testbed:
         self.aux: dict[str, subprocess.Popen] = {}
         self._logs: list[IO] = []
         self._htb = None
+        self._cpu_tree: cgroups.CpuTree | None = None
         if netlink:
             self._htb = HtbRates()
 
@@ -137,13 +185,11 @@ class Testbed:
         Mininet.inited = True
         machine.raise_process_limits()
         if self.host_cpu or self.cpu_groups:
-            missing = capabilities.missing_cgroup_mounts()
-            if missing:
-                raise NetworkError(f"host_cpu (and slow faults) need the cgroup v1 controller(s) "
-                                   f"{', '.join(missing)} mounted "
-                                   f"(./inv doctor says how); Mininet would mount them and never unmount them, "
-                                   f"so the harness does not")
-            CPULimitedHost.inited = True  # its init() only mounts cpuset, which is mounted
+            # v1 or v2, whichever holds the cpu controller; the harness mounts no hierarchy.
+            self._cpu_tree = cgroups.detect().cpu_tree()
+            if self._cpu_tree is None:
+                why = capabilities.cpu_cgroup_refusal("host_cpu (and slow faults)") or "host_cpu: no cpu cgroup"
+                raise NetworkError(f"{why} (./inv doctor; the harness mounts no cgroup hierarchy)")
         for limit in machine.RUN_LIMITS:
             have = machine.read_sysctl(limit.key)
             if have is not None and have.isdigit() and int(have) < limit.at_least:
@@ -166,7 +212,7 @@ class Testbed:
         setLogLevel("critical")
         # A share of -1 is Mininet's "no limit": the host is in its group from the start.
         shares = {**{h: -1.0 for h in self.cpu_groups}, **self.host_cpu}
-        topo = mininet_topo(self.spec, shares, partial(RecordedCPULimitedHost, state=self.state))
+        topo = mininet_topo(self.spec, shares, partial(RecordedCgroupHost, state=self.state, tree=self._cpu_tree))
         # Mininet names interfaces <node>-eth<port>: record every name before it exists,
         # and refuse to touch names that are already taken (another run, or leftovers).
         names = [f"{node}-eth{port}" for node, ports in topo.ports.items() for port in ports]
@@ -310,14 +356,9 @@ class Testbed:
         """Limit `host` to `share` of the machine's CPU (CFS bandwidth of its cgroup), or with
         None give it back its configured share (`host_cpu`, else none), read back."""
         node = self.net.get(host)
-        if not isinstance(node, CPULimitedHost):
+        if not isinstance(node, RecordedCgroupHost):
             raise NetworkError(f"host {host} has no CPU cgroup (it must be in host_cpu or cpu_groups)")
-        f = share if share is not None else self.host_cpu.get(host, -1.0)
-        node.setCPUFrac(f, sched="cfs")
-        want = node.cfsInfo(f)[3]
-        got = int(node.cgroupGet("cfs_quota_us"))
-        if got != want:
-            raise NetworkError(f"host {host}: cpu.cfs_quota_us is {got}, wanted {want} (share {f:g})")
+        node.set_share(share if share is not None else self.host_cpu.get(host, -1.0))
 
     def signal_role(self, role: str, sig: int) -> bool:
         """Send `sig` to the role's process group (it leads its own session); False if the

@@ -4,7 +4,8 @@ Parsing (emu/plan.py, emu/config.py) looks at the config only, so a config has o
 and one set of run ids on every machine, and a plan made on a laptop can be checked, sharded
 and merged anywhere. What the kernel offers is checked here, as a separate step after parsing
 and still before anything is created: the congestion control of `tcp:`, the netem qdisc for
-links with delay_ms or loss_pct, the cgroup cpu controller for `host_cpu` and `slow` faults,
+links with delay_ms or loss_pct, the cgroup cpu controller for `host_cpu` and `slow` faults
+(bound to a v1 hierarchy or offered by the unified one: the doctor's rule and words),
 and pyroute2 and root for `monitor.backend: netlink`. Each probe
 runs at most once per check, however many experiments share the need.
 """
@@ -24,7 +25,7 @@ class _Machine:
 
     def __init__(self) -> None:
         self._cc: list[str] | None = None
-        self._cpu: bool | None = None
+        self._cpu: dict[str, str] | None = None
         self._netem: bool | None = None
         self._netlink: str | None | bool = False  # False: not probed yet
 
@@ -40,10 +41,11 @@ class _Machine:
             self._cc = capabilities.tcp_congestion_controls()
         return self._cc
 
-    def cpu_controller(self) -> bool:
+    def cpu_refusal(self, field: str) -> str | None:
+        """Why `field` (host_cpu, a slow fault) cannot run here: the doctor's rule and words."""
         if self._cpu is None:
-            self._cpu = "cpu" in capabilities.cgroup_controllers()
-        return self._cpu
+            self._cpu = capabilities.cgroup_controllers()
+        return capabilities.cpu_cgroup_refusal(field, self._cpu)
 
     def netem(self) -> bool:
         if self._netem is None:  # unknown (not root, no /proc/config.gz) counts as absent
@@ -58,13 +60,13 @@ def _refusal(exp: Experiment, machine: _Machine) -> str | None:
     if have and cc not in have:  # nothing listed: /proc unreadable, so not known to be missing
         return (f"tcp.congestion_control: {cc!r} is not available in this kernel ({platform.release()}); "
                 f"it has: {', '.join(have)}")
-    if exp.host_cpu and not machine.cpu_controller():
-        return "host_cpu: needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
+    if exp.host_cpu and (why := machine.cpu_refusal("host_cpu:")) is not None:
+        return why
     if exp.monitor.backend == "netlink" and (why := machine.netlink()) is not None:
         return f"monitor.backend: netlink: {why} (or set monitor.backend: tc)"
     slow = next((i for i, f in enumerate(exp.faults) if f.kind == "slow"), None)
-    if slow is not None and not machine.cpu_controller():
-        return f"faults[{slow}]: slow needs the cgroup cpu controller (CFS bandwidth), which is not mounted here"
+    if slow is not None and (why := machine.cpu_refusal(f"faults[{slow}]: slow")) is not None:
+        return why
     netem = exp.net.needs_netem()
     if netem and not machine.netem():
         ln = exp.net.links[netem[0]]
