@@ -97,8 +97,7 @@ def cpu_cgroup_problem(controllers: dict[str, str] | None = None) -> tuple[str, 
     where = (cgroup_controllers() if controllers is None else controllers).get("cpu")
     if where in ("v1", "v2"):
         return None
-    if where is None:
-        return "which is not mounted here", None
+    # The controllers decide; the hierarchy (read again, only on a refusal) explains.
     return cgroup_layout().cpu_problem() or ("which is not mounted here", None)
 
 
@@ -196,23 +195,19 @@ def _cgroup_checks() -> list[Check]:
     """The hierarchy found, and whether host_cpu and slow faults work on it (and how)."""
     layout = cgroup_layout()
     out = [Check("cgroup", "hierarchy", True, layout.describe(),
-                 "the harness mounts none; v1 groups are made in the cpu hierarchy, v2 groups below "
-                 f"{layout.v2 or cgroups.SYS_ROOT}/{cgroups.V2_PARENT}")]
+                 "the harness mounts none; it makes its groups in whichever holds the cpu controller (below)")]
     tree = layout.cpu_tree()
-    problem = cpu_cgroup_problem(layout.controllers())
-    if tree is not None and problem is None:
+    if tree is not None:
         where = (f"yes: v1, {', '.join(str(p.parent) for p in tree.paths('h'))}" if tree.hierarchy == "v1" else
                  f"yes: v2, cpu in {layout.v2}/cgroup.controllers")
         how = ("one group per limited host (cpu.cfs_quota_us), recorded and removed with the network"
                if tree.hierarchy == "v1" else
-               "one group per limited host (cpu.max) below the harness's own cgroup; cpu enabled in the "
+               f"one group per limited host (cpu.max) below {layout.v2}/{cgroups.V2_PARENT}; cpu enabled in the "
                "subtree_control above it where it is not, each change recorded and undone with the network")
         out.append(Check("cgroup", "cpu controller (host_cpu, slow)", True, where, how))
     else:
-        why, fix = problem or ("which is not mounted here", None)
-        state = "no cpu line in /proc/cgroups (a kernel without CONFIG_CGROUP_SCHED)" if (
-            "cpu" not in layout.controllers() and layout.kernel is not None) else f"no: {why}"
-        out.append(Check("cgroup", "cpu controller (host_cpu, slow)", False, state,
+        why, fix = layout.cpu_problem() or ("which is not mounted here", None)
+        out.append(Check("cgroup", "cpu controller (host_cpu, slow)", False, f"no: {why}",
                          "needed only for host_cpu and slow faults (refused without it)"
                          + (f"; fix: {fix}" if fix else "")))
     return out

@@ -329,7 +329,8 @@ class Layout:
                     "delegate cpu to this container or unit (systemd: Delegate=cpu), "
                     "or boot with systemd.unified_cgroup_hierarchy=1")
         if self.v1:
-            return ("which is not mounted here", f"mount -t cgroup -o cpu,cpuacct cpu,cpuacct {self.root}/cpu,cpuacct")
+            d = f"{self.root}/cpu,cpuacct"
+            return ("which is not mounted here", f"mkdir {d} && mount -t cgroup -o cpu,cpuacct cpu,cpuacct {d}")
         return ("which is not mounted here (no cgroup hierarchy is)", f"mount -t cgroup2 cgroup2 {self.root}")
 
 

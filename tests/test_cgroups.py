@@ -435,7 +435,20 @@ def test_a_v1_machine_without_cpu_mounted_is_told_the_v1_mount(tree, tmp_path):
     root = tree(v1_without_cpu)
     cpu = _doctor()["cpu controller (host_cpu, slow)"]
     assert not cpu.ok and cpu.state == "no: which is not mounted here"
-    assert cpu.handling.endswith(f"fix: mount -t cgroup -o cpu,cpuacct cpu,cpuacct {root}/cpu,cpuacct")
+    d = f"{root}/cpu,cpuacct"
+    assert cpu.handling.endswith(f"fix: mkdir {d} && mount -t cgroup -o cpu,cpuacct cpu,cpuacct {d}")
+
+
+def test_a_kernel_without_the_cpu_controller_is_named(tree, tmp_path):
+    root = tree(lambda t: debian12(t, subtree="memory pids", controllers="memory pids"))
+    (tmp_path / "cgroups").write_text("#subsys_name\thierarchy\tnum_cgroups\tenabled\nmemory\t0\t1\t1\n")
+    cpu = _doctor()["cpu controller (host_cpu, slow)"]
+    assert not cpu.ok and cpu.state == "no: which this kernel does not have (no cpu line in /proc/cgroups)"
+    assert cpu.handling.endswith("fix: a kernel built with CONFIG_CGROUP_SCHED and CONFIG_CFS_BANDWIDTH")
+    assert capabilities.cpu_cgroup_refusal("host_cpu:") == (
+        "host_cpu: needs the cgroup cpu controller (CFS bandwidth), which this kernel does not have (no cpu line "
+        "in /proc/cgroups); fix: a kernel built with CONFIG_CGROUP_SCHED and CONFIG_CFS_BANDWIDTH")
+    assert root.is_dir()
 
 
 # ---------------------------------------------------------------------------- the real kernel
