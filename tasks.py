@@ -343,3 +343,26 @@ def profile(c, model, preset="small", batch_size=32, iterations=None, threads=1)
         rc = subprocess.run(args, cwd=REPO).returncode
         if rc:
             raise Exit(code=rc)
+
+
+@task(name="fresh-os", help={"full": "run the README's test command (./inv test) instead of the fast tier",
+                             "keep": "keep the unpacked root file system (its path is printed)",
+                             "rebuild": "build the root file system again instead of using the cached one"})
+def fresh_os(c, full=False, keep=False, rebuild=False):
+    """Run the README's commands (./inv demo, then ./inv test --fast) on a fresh Debian 12 in a directory."""
+    _need_root("fresh-os")
+    from emu.freshos import FreshOSError
+    from emu.freshos import run as run_fresh_os
+
+    try:
+        done = run_fresh_os(full=full, keep=keep, rebuild=rebuild)
+    except FreshOSError as e:
+        raise Exit(f"error: fresh-os: {e}", code=1) from None
+    except KeyboardInterrupt:
+        raise Exit("interrupted: fresh-os: the step's networks torn down, its root file system removed", code=130
+                   ) from None
+    print("fresh-os wall times: " + ", ".join(f"{s.name} {s.wall_s:.1f} s" + (
+        f" (set-up {s.setup_s:.1f} s)" if s.setup_s is not None else "") for s in done))
+    failed = [s.name for s in done if not s.ok]
+    if failed:
+        raise Exit(f"error: fresh-os: {', '.join(failed)} failed (output above)", code=1)

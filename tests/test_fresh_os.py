@@ -1,0 +1,69 @@
+"""`./inv fresh-os`: the README's commands pass on a freshly installed Debian 12 (emu/freshos.py).
+
+The end-to-end test takes minutes (the root file system, the set-up, the demo and the fast
+tier): it is in the root tier and marked slow, so `./inv test --fast` leaves it out.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from emu import freshos
+from tests.conftest import REPO, needs_root
+
+HOST = {"PIP_FIND_LINKS": "/opt/wheels", "PIP_CONFIG_FILE": "/etc/pip.conf", "PIP_CONSTRAINT": "/etc/c.txt",
+        "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt", "HTTPS_PROXY": "http://proxy:3128", "no_proxy": "localhost",
+        "VIRTUAL_ENV": "/work/main/.venv", "PYTHONPATH": "/work/main", "SCHEDLAB_VENV": "/elsewhere"}
+
+
+def test_inside_gets_the_networks_settings_and_not_this_machines_pip_configuration():
+    env = freshos.inside_env(HOST, wheels=freshos.WHEELS)
+    assert env["PIP_CONFIG_FILE"] == os.devnull
+    assert "PIP_FIND_LINKS" not in env and "PIP_CONSTRAINT" not in env
+    assert env["PIP_CERT"] == HOST["PIP_CERT"] and env["HTTPS_PROXY"] == HOST["HTTPS_PROXY"]
+    assert env["no_proxy"] == "localhost"
+    assert not {"VIRTUAL_ENV", "PYTHONPATH", "SCHEDLAB_VENV"} & set(env)
+    assert env["SCHEDLAB_TORCH_INDEX"] == str(freshos.WHEELS) and env["HOME"] == "/root"
+
+
+def test_the_cached_root_file_system_is_keyed_by_what_it_is_built_from():
+    assert freshos.cache_key(("python3",)) == freshos.cache_key(["python3"])
+    assert freshos.cache_key(("python3",)) != freshos.cache_key(("python3", "git"))
+    argv = freshos.mmdebstrap_argv(freshos.CACHE / "x.tar")
+    assert argv[:2] == ["mmdebstrap", "--variant=minbase"] and argv[-2:] == ["bookworm", str(freshos.CACHE / "x.tar")]
+
+
+def test_the_steps_are_the_readmes_commands():
+    readme = (REPO / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("## What the demo shows")]
+    first, second = re.findall(r"^\./inv \w+$", quick, re.M)[:2]
+    assert [s.argv for s in freshos.steps()] == [first.split(), second.split() + ["--fast"]]
+    assert [s.argv for s in freshos.steps(full=True)] == [first.split(), second.split()]
+
+
+def _leftover_roots() -> set[str]:
+    return {p.name for p in freshos.WORK.glob("schedlab-fresh-os-*")}
+
+
+@needs_root
+@pytest.mark.root
+@pytest.mark.mininet
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get(freshos.MARKER) == "1", reason="already inside a fresh OS")
+def test_fresh_os_runs_the_demo_and_the_fast_tier(no_leftovers):
+    before = _leftover_roots()
+    t0 = time.monotonic()
+    r = subprocess.run([str(REPO / "inv"), "fresh-os"], capture_output=True, text=True, timeout=3600, cwd=REPO)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert re.search(r"fresh-os: demo: ok in [\d.]+ s, set-up [\d.]+ s of it", out), out[-3000:]
+    assert re.search(r"fresh-os: fast tier: ok in [\d.]+ s", out), out[-3000:]
+    assert "fresh-os wall times: build" in r.stdout, r.stdout[-2000:]
+    assert _leftover_roots() == before, "the unpacked root file system was not removed"
+    mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout
+    assert "schedlab-fresh-os-" not in mounts, mounts
+    print(f"fresh-os took {time.monotonic() - t0:.0f} s")
