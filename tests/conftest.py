@@ -153,8 +153,13 @@ def namespaces_pids() -> set[int]:
 @pytest.fixture
 def no_leftovers():
     """Fails the test if it leaves an interface, a namespaced process or a state record."""
-    cpu_cg = Path("/sys/fs/cgroup/cpu")
-    cgroups = lambda: {p.name for p in cpu_cg.iterdir() if p.is_dir()} if cpu_cg.is_dir() else set()  # noqa: E731
+    # v1: a group per host in the cpu (and cpuacct) hierarchy; v2: under the harness's own group
+    from emu.cgroups import V2_PARENT
+    root = Path("/sys/fs/cgroup")
+    places = [root / "cpu", root / "cpuacct", root / V2_PARENT, root / "unified" / V2_PARENT]
+    def cgroups() -> set[str]:
+        own = {str(d) for d in places[2:] if d.is_dir()}   # the v2 parent itself goes with the network too
+        return own | {str(p) for d in places if d.is_dir() for p in d.iterdir() if p.is_dir()}
     before_if, before_ns, before_cg = interfaces(), namespaces_pids(), cgroups()
     yield
     after_if = interfaces() - before_if
