@@ -23,6 +23,16 @@ needs_root = pytest.mark.skipif(not IS_ROOT, reason="end-to-end Mininet tests ne
 # it covers every parametrization, with one (`[gloo-*]`) the matching ones (fnmatch).
 # tests/test_lint.py checks that every entry still names a test.
 SLOW = [
+    "tests/test_tune.py::test_an_interrupted_trial_runs_again_first_on_resume",
+    "tests/test_models.py::test_paper_preset_has_the_published_size[lstm]",
+    "tests/test_analysis.py::test_each_figure_draws_the_mini_sweep[link_utilisation_plot]",
+    "tests/test_physics.py::test_the_report_lists_a_run_that_breaks_physics_instead_of_averaging_it",
+    "tests/test_schedulers_loopback.py::test_average_equals_reference[bytescheduler-2w-1s]",
+    "tests/test_schedulers_ps_family.py::test_many_slices_over_servers_average_exactly[mercury-params1]",
+    "tests/test_faults_analysis.py::test_figure_and_report_section",
+    "tests/test_startup_analysis.py::test_startup_figure_and_report_section",
+    "tests/test_tune.py::test_cli_refuses_bad_input_with_one_line_exit_2_nothing_created",
+    "tests/test_placement.py::test_cli_bad_best_one_line_exit_2_nothing_created",
     "tests/test_analysis.py::test_notebook_rebuilds_the_figure",
     "tests/test_analysis.py::test_report_of_a_faceted_sweep_with_repeats_tests_a_claim",
     "tests/test_analysis.py::test_report_task_refuses_a_missing_sweep",
