@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import IO
 from mininet.link import Link
 from mininet.log import setLogLevel
 from mininet.net import Mininet
-from mininet.node import Host
+from mininet.node import Host, Switch
 from mininet.nodelib import LinuxBridge
 
 from emu import capabilities, cgroups, machine, tc
@@ -35,16 +36,139 @@ class NetworkError(RuntimeError):
     """The network could not be built as configured."""
 
 
-class _Recorded:
-    """Mixin: write the node's shell pid to the state dir as soon as the shell exists."""
+SHELL_START_S = 30.0  # a node's shell prints its prompt within milliseconds; one that has not by then never will
+PROMPT = chr(127)  # Mininet's shells' prompt: the end of each command's output
 
-    def __init__(self, name, state: StateDir, **params):
+
+class Bound:
+    """How long the Testbed's current phase (bring-up, teardown) may still wait on a node's
+    shell; shared by the Testbed and its nodes. None: no bound."""
+
+    def __init__(self) -> None:
+        self.phase, self.seconds, self.until = "", None, None
+
+    def start(self, phase: str, seconds: float | None) -> None:
+        self.phase, self.seconds = phase, seconds
+        self.until = None if seconds is None else time.monotonic() + seconds
+
+
+class _Recorded:
+    """Mixin: write the node's shell pid to the state dir as soon as the shell exists, and
+    never wait on a shell forever. Mininet waits for a shell's prompt and for the end of each
+    command with poll() and no timeout, so a shell that died (mnexec failed at once: its error
+    is all it printed) or stopped answering would hang bring-up or teardown for good; here the
+    wait ends, naming the node and what its shell said, when the shell has exited, when the
+    phase's `Bound` has passed, or when a shell has not prompted within SHELL_START_S."""
+
+    def __init__(self, name, state: StateDir, bound: Bound | None = None, **params):
         self._state = state
+        self._bound = bound or Bound()
+        self._starting = False
         super().__init__(name, **params)
 
+    def _kind(self) -> str:
+        return "switch" if isinstance(self, Switch) else "host"
+
     def startShell(self, *args, **kwargs):  # noqa: N802 (Mininet's name)
-        super().startShell(*args, **kwargs)
-        self._state.add_process("host", self.name, self.shell.pid)
+        self._starting, self._start_by = True, time.monotonic() + SHELL_START_S
+        try:
+            super().startShell(*args, **kwargs)
+        except BaseException:
+            self._abandon_shell()
+            raise
+        finally:
+            self._starting = False
+
+    def _abandon_shell(self) -> None:
+        """A shell that never prompted: killed if it still runs, its pty closed (Mininet's
+        network does not know the node, so its stop will not)."""
+        if self.shell is not None:
+            if self.shell.poll() is None:
+                kill_group(self.shell.pid, start_time(self.shell.pid))
+            self.shell.wait()
+        for close in (lambda: self.stdin.close() if self.stdin else os.close(self.master),
+                      lambda: os.close(self.slave)):
+            try:
+                close()
+            except (OSError, TypeError):  # not opened yet
+                pass
+        self.shell = self.stdin = self.stdout = None
+
+    def read(self, size=1024):
+        if self._starting:
+            return self._read_prompt(size)
+        return super().read(size)
+
+    def _readable(self, timeout_ms: int) -> bool:
+        """Whether the shell's output can be read. Not Mininet's `pollOut`: it is registered for
+        POLLOUT too, so it returns at once whenever the pty can be written."""
+        if getattr(self, "_poll_in", None) is None or self._poll_in[0] != self.stdout.fileno():
+            poller = select.poll()
+            poller.register(self.stdout.fileno(), select.POLLIN | select.POLLPRI)
+            self._poll_in = (self.stdout.fileno(), poller)
+        return bool(self._poll_in[1].poll(timeout_ms))
+
+    def _read_prompt(self, size: int) -> str:
+        """Everything up to the shell's first prompt: Mininet's start-up loop polls without a
+        timeout after every read that did not end with it."""
+        if self.pid is not None and not getattr(self, "_recorded", False):
+            self._state.add_process("host", self.name, self.shell.pid)
+            self._recorded = True
+        said = ""
+        while not said.endswith(PROMPT):
+            if self.readbuf or self._readable(100):
+                try:
+                    said += super().read(size)
+                    continue
+                except OSError:  # the pty hung up: the shell is gone
+                    self.shell.wait()
+            rc = self.shell.poll()
+            if rc is not None:
+                while self._readable(0):
+                    try:
+                        said += super().read(size)
+                    except OSError:
+                        break
+                how = " ".join(map(str, self.shell.args[:2]))
+                raise NetworkError(f"{self._kind()} {self.name} did not start: its shell ({how} bash) exited with "
+                                   f"code {rc}" + (f": {_said(said)}" if _said(said) else ", printing nothing"))
+            self._past("did not start: its shell printed no prompt", self._start_by, SHELL_START_S,
+                       f" (it printed {_said(said)!r})" if _said(said) else "")
+        self._starting = False
+        return said
+
+    def _past(self, what: str, start_by: float | None = None, start_s: float | None = None, detail: str = ""
+              ) -> None:
+        """Raises if the phase's bound (or the shell's start-up bound) has passed."""
+        now = time.monotonic()
+        if self._bound.until is not None and now > self._bound.until:
+            raise NetworkError(f"{self._bound.phase} took longer than timeout_s ({self._bound.seconds:g} s): "
+                               f"{self._kind()} {self.name} {what}{detail}")
+        if start_by is not None and now > start_by:
+            raise NetworkError(f"{self._kind()} {self.name} {what} within {start_s:g} s{detail}")
+
+    def waitReadable(self, timeoutms=None):  # noqa: N802 (Mininet's name)
+        """Mininet's wait for output, in slices of 0.1 s between which the shell's exit and
+        the phase's bound are checked."""
+        if self.readbuf or self.shell is None:
+            return super().waitReadable(timeoutms)
+        end = None if timeoutms is None else time.monotonic() + timeoutms / 1e3
+        while True:
+            left = 100 if end is None else max(0, min(100, int((end - time.monotonic()) * 1e3)))
+            if self._readable(left):
+                return self.pollOut.poll(0)  # what Mininet's returns
+            if end is not None and time.monotonic() >= end:
+                return []
+            rc = self.shell.poll()
+            if rc is not None:
+                raise NetworkError(f"{self._kind()} {self.name}: its shell exited with code {rc} while running "
+                                   f"{self.lastCmd!r}")
+            self._past(f"did not answer {self.lastCmd!r}")
+
+
+def _said(text: str) -> str:
+    """A shell's output on one line, without its prompt and the pty's carriage returns."""
+    return " ".join(text.replace(PROMPT, "").replace("\r", "").split())[:500]
 
 
 class RecordedHost(_Recorded, Host):
@@ -52,7 +176,33 @@ class RecordedHost(_Recorded, Host):
 
 
 class RecordedBridge(_Recorded, LinuxBridge):
-    pass
+    """LinuxBridge ignores what brctl prints: a bridge that is not there with all its ports
+    after `start` fails the bring-up, with what its commands printed."""
+
+    def start(self, controllers):
+        self._said: list[tuple[str, str]] | None = []
+        try:
+            super().start(controllers)
+        finally:
+            said, self._said = self._said, None
+        # What the commands from `brctl addbr` on printed (the down and delbr before it always fail: no bridge yet)
+        first = next((i for i, (words, _) in enumerate(said) if words.startswith("brctl addbr")), len(said))
+        said = [f"{words}: {out}" for words, out in said[first:] if out]
+        ports = [i for i in self.intfNames() if self.name in i]  # those LinuxBridge adds
+        if not Path(f"/sys/class/net/{self.name}/bridge").is_dir():
+            problem = f"no bridge {self.name}"
+        else:
+            loose = [p for p in ports if not Path(f"/sys/class/net/{self.name}/brif/{p}").exists()]
+            problem = f"port(s) {', '.join(loose)} not in the bridge" if loose else ""
+        if problem:
+            raise NetworkError(f"switch {self.name} did not come up: {problem}" + (f" ({'; '.join(said)})"
+                                                                                   if said else ""))
+
+    def cmd(self, *args, **kwargs):
+        out = super().cmd(*args, **kwargs)
+        if getattr(self, "_said", None) is not None:
+            self._said.append((" ".join(map(str, args)), _said(out or "")))
+        return out
 
 
 def _joining(procs_files: Sequence[Path]) -> list[str]:
@@ -115,13 +265,17 @@ class Testbed:
 
     def __init__(self, spec: NetSpec, state: StateDir, host_cpu: dict[str, float] | None = None,
                  tcp_congestion_control: str | None = "cubic", netlink: bool = False,
-                 cpu_groups: Sequence[str] = ()):
+                 cpu_groups: Sequence[str] = (), timeout_s: float | None = None):
         """tcp_congestion_control: set in every host's namespace (None: inherit the machine's).
         netlink: change rates through netlink sockets in the namespaces (emu/netlink.py), not
         a `tc class change` process each. cpu_groups: hosts that get a CFS bandwidth cgroup
         without a limit (those not in `host_cpu`), so that `set_cpu` can limit them later (a
-        `slow` fault)."""
+        `slow` fault). timeout_s: bounds bring-up, and Mininet's part of teardown (past it,
+        teardown removes what is recorded instead), each on its own (None: no bound; a
+        node whose shell exits fails either at once)."""
         self.spec = spec
+        self.timeout_s = timeout_s
+        self._bound = Bound()
         self.state = state
         self.host_cpu = host_cpu or {}
         self.cpu_groups = [h for h in cpu_groups if h not in self.host_cpu]
@@ -212,7 +366,8 @@ class Testbed:
         setLogLevel("critical")
         # A share of -1 is Mininet's "no limit": the host is in its group from the start.
         shares = {**{h: -1.0 for h in self.cpu_groups}, **self.host_cpu}
-        topo = mininet_topo(self.spec, shares, partial(RecordedCgroupHost, state=self.state, tree=self._cpu_tree))
+        topo = mininet_topo(self.spec, shares, partial(RecordedCgroupHost, state=self.state, tree=self._cpu_tree,
+                                                       bound=self._bound))
         # Mininet names interfaces <node>-eth<port>: record every name before it exists,
         # and refuse to touch names that are already taken (another run, or leftovers).
         names = [f"{node}-eth{port}" for node, ports in topo.ports.items() for port in ports]
@@ -224,19 +379,26 @@ class Testbed:
         for n in names:
             self.state.add_link(n)
         t0 = time.monotonic()
+        self._bound.start("bring-up", self.timeout_s)
         self.net = Mininet(
             topo=topo,
-            host=partial(RecordedHost, state=self.state),
-            switch=partial(RecordedBridge, state=self.state),
+            host=partial(RecordedHost, state=self.state, bound=self._bound),
+            switch=partial(RecordedBridge, state=self.state, bound=self._bound),
             controller=None,
             link=Link,
             autoSetMacs=True,
             build=False,
         )
-        self.net.build()
-        self.net.start()
+        try:
+            self.net.build()
+            self.net.start()
+        except Exception as e:
+            if type(e) is not Exception:  # Mininet's own failures (an interface pair not made) are bare Exceptions
+                raise
+            raise NetworkError(str(e).strip()) from None
         self._shape()
         self._set_tcp()
+        self._bound.start("", None)  # the roles' time is the runner's to bound
         self.bringup_s = time.monotonic() - t0
 
     def _shape(self) -> None:
@@ -264,7 +426,7 @@ class Testbed:
         for name in self.spec.hosts:
             p = self.net.get(name).popen(["sysctl", "-w", *(f"{k}={v}" for k, v in want.items())],
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, text=True)
+                                         stdin=subprocess.DEVNULL, text=True, cwd="/")  # see emu/tc.py
             out = p.communicate(timeout=10)[0].strip()
             got = dict(zip(want, (" ".join(v.split()) for v in self.tcp_setting(name, *want).splitlines())))
             if p.returncode or got != want:
@@ -275,7 +437,7 @@ class Testbed:
         """Sysctls as `host`'s namespace sees them (default: its congestion control), one per line."""
         keys = keys or ("net.ipv4.tcp_congestion_control",)
         p = self.net.get(host).popen(["sysctl", "-n", *keys], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     text=True)
+                                     text=True, cwd="/")
         return p.communicate(timeout=10)[0].strip()
 
     # ------------------------------------------------------------------ queries
@@ -333,7 +495,7 @@ class Testbed:
         for dev, ns in self._link_ends(*link):
             cmd = ["ip", "link", "set", "dev", dev, "up" if up else "down"]
             r = subprocess.run((["mnexec", "-a", str(ns)] if ns is not None else []) + cmd,
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, cwd="/")  # see emu/tc.py on mnexec -a
             if r.returncode:
                 raise NetworkError(f"{' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
 
@@ -392,6 +554,21 @@ class Testbed:
         return p
 
     # ------------------------------------------------------------------ teardown
+    def _hang_up_shells(self, wait_s: float = 2.0) -> None:
+        """What Mininet's stop does to the shells, for those it did not reach: SIGHUP (a shell
+        ignores SIGTERM, so the recorded state's kill would wait out its grace for each), and
+        SIGCONT for a stopped one. Each is still this process's unreaped child: its pid is its own."""
+        shells = [n.shell for n in self.net.hosts + self.net.switches if n.shell is not None and n.shell.poll() is None]
+        for shell in shells:
+            for sig in (signal.SIGHUP, signal.SIGCONT):
+                try:
+                    os.killpg(shell.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + wait_s
+        while any(s.poll() is None for s in shells) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def __exit__(self, *exc) -> None:
         # A Ctrl-C must not interrupt the teardown half-way; it is held and raised once the
         # network is down (unless the run is already ending for another reason), so a sweep
@@ -412,10 +589,12 @@ class Testbed:
                 self._htb.close()  # its sockets would keep the hosts' namespaces alive
             if self.net is not None:
                 t0 = time.monotonic()
+                self._bound.start("teardown", self.timeout_s)
                 try:
                     self.net.stop()
-                except Exception:  # noqa: BLE001 - the recorded state below is the fallback
-                    pass
+                except Exception as e:  # noqa: BLE001 - the recorded state below is the fallback
+                    print(f"teardown: {e}; removing what is recorded instead", file=sys.stderr, flush=True)
+                    self._hang_up_shells()
                 self.teardown_s = time.monotonic() - t0
             self.state.teardown()
             self.state.clear()

@@ -7,7 +7,10 @@ netem for delay/loss. A rate change is one
 `tc class change` on 5:1: the queue is kept (rebuilding a qdisc flushes it; mininet #650).
 
 Commands are argument lists, never shell strings; `ns_pid` runs them inside a Mininet
-host's network namespace through `mnexec -a`.
+host's network namespace through `mnexec -a`, from "/": mnexec -a enters the host shell's
+mount namespace too and changes to the caller's working directory there, which that
+namespace need not have (it was copied at bring-up; under a chroot its root is the
+machine's), and then fails with "<directory>: No such file or directory".
 """
 from __future__ import annotations
 
@@ -89,7 +92,7 @@ class TcError(RuntimeError):
 
 def run(cmd: list[str], ns_pid: int | None = None) -> str:
     full = (["mnexec", "-a", str(ns_pid)] if ns_pid is not None else []) + cmd
-    r = subprocess.run(full, capture_output=True, text=True)
+    r = subprocess.run(full, capture_output=True, text=True, cwd="/")
     if r.returncode != 0:
         raise TcError(f"{' '.join(cmd)}: {r.stderr.strip() or r.stdout.strip()}")
     return r.stdout
