@@ -376,6 +376,19 @@ def run(full: bool = False, keep: bool = False, rebuild: bool = False, wheels: P
     if wheels is not None and not wheels.is_dir():
         wheels = None
     timeouts = {**STEP_TIMEOUT_S, **(timeouts or {})}
+    old_term = signal.signal(signal.SIGTERM, _terminate_as_interrupt)  # a SIGTERM cleans up as a Ctrl-C does
+    try:
+        return _run(full, keep, rebuild, wheels, timeouts, report)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def _terminate_as_interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def _run(full: bool, keep: bool, rebuild: bool, wheels: Path | None, timeouts: dict[str, float],
+         report: Callable[[str], None]) -> list[Step]:
     t0 = time.monotonic()
     tarball, built = rootfs_tarball(rebuild=rebuild)
     build = Step("build", mmdebstrap_argv(tarball), network=False, rc=0, wall_s=time.monotonic() - t0)

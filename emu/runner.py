@@ -74,7 +74,10 @@ def environment() -> dict[str, Any]:
     """What produced a result: code version, library versions, kernel, and the machine's
     network sysctls (the root namespace's; the hosts' congestion control is `tcp.*` in the row)."""
     def git(*args: str) -> str:
-        r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        try:
+            r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        except OSError:  # no git on a machine given the tree as an archive: the version is unknown
+            return ""
         return r.stdout.strip() if r.returncode == 0 else ""
 
     sysctls = {name: read_sysctl(name) for name in SYSCTLS}
@@ -274,8 +277,9 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     try:
         backend = exp.monitor_backend()
         row["monitor_backend"] = backend
+        # timeout_s bounds bring-up and Mininet's teardown too, each on its own (the roles' is below)
         with Testbed(wall.net, state, exp.host_cpu, exp.tcp.congestion_control, netlink=backend == "netlink",
-                     cpu_groups=exp.slowed_hosts) as tb:
+                     cpu_groups=exp.slowed_hosts, timeout_s=wall.timeout_s) as tb:
             row["bringup_s"] = tb.bringup_s
             _record_machine_changes(run_dir / "meta.json", state)
             t0_wall = _execute(tb, exp, run_dir, tables, row, progress, wall)

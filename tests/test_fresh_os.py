@@ -45,6 +45,17 @@ def test_the_steps_are_the_readmes_commands():
     assert [s.argv for s in freshos.steps(full=True)] == [first.split(), second.split()]
 
 
+def test_a_run_on_a_machine_without_git_records_an_unknown_version(tmp_path, monkeypatch):
+    """The tree inside is an archive and the fresh machine has no git (nor would a user's who
+    downloaded one): meta.json says the version is unknown instead of the run failing."""
+    from emu.runner import environment
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("SCHEDLAB_GIT_SHA", raising=False)
+    env = environment()
+    assert env["git_sha"] is None and env["git_dirty"] is False
+
+
 def _leftover_roots() -> set[str]:
     return {p.name for p in freshos.WORK.glob("schedlab-fresh-os-*")}
 
