@@ -41,8 +41,9 @@ def test_the_steps_are_the_readmes_commands():
     readme = (REPO / "README.md").read_text()
     quick = readme[readme.index("## Quick start"):readme.index("## What the demo shows")]
     first, second = re.findall(r"^\./inv \w+$", quick, re.M)[:2]
-    assert [s.argv for s in freshos.steps()] == [first.split(), second.split() + ["--fast"]]
-    assert [s.argv for s in freshos.steps(full=True)] == [first.split(), second.split()]
+    doctor = ["./inv", "doctor"]   # between them: the machine check the README points to
+    assert [s.argv for s in freshos.steps()] == [first.split(), doctor, second.split() + ["--fast"]]
+    assert [s.argv for s in freshos.steps(full=True)] == [first.split(), doctor, second.split()]
 
 
 def test_a_run_on_a_machine_without_git_records_an_unknown_version(tmp_path, monkeypatch):
@@ -65,13 +66,14 @@ def _leftover_roots() -> set[str]:
 @pytest.mark.mininet
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get(freshos.MARKER) == "1", reason="already inside a fresh OS")
-def test_fresh_os_runs_the_demo_and_the_fast_tier(no_leftovers):
+def test_fresh_os_runs_the_demo_the_doctor_and_the_fast_tier(no_leftovers):
     before = _leftover_roots()
     t0 = time.monotonic()
     r = subprocess.run([str(REPO / "inv"), "fresh-os"], capture_output=True, text=True, timeout=3600, cwd=REPO)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert re.search(r"fresh-os: demo: ok in [\d.]+ s, set-up [\d.]+ s of it", out), out[-3000:]
+    assert re.search(r"fresh-os: doctor: ok in [\d.]+ s", out), out[-3000:]
     assert re.search(r"fresh-os: fast tier: ok in [\d.]+ s", out), out[-3000:]
     assert "fresh-os wall times: build" in r.stdout, r.stdout[-2000:]
     assert _leftover_roots() == before, "the unpacked root file system was not removed"
