@@ -82,9 +82,9 @@ def check(records, layers, final_wait):
         assert own == pytest.approx(r["wait_s"])
     for a, b in zip(records, records[1:]):
         assert b["start"] == a["end"]  # the windows tile the run
-    # the last iteration's wait is the one after the loop
-    assert records[-1]["wait_s"] == pytest.approx(final_wait, abs=0.01)
-    assert records[-1]["wait_s"] >= DELAY_S * 0.5
+    # the last iteration's wait is the one after the loop (finish() also applies and checks, so it
+    # takes a little longer than the waits inside it)
+    assert DELAY_S * 0.5 <= records[-1]["wait_s"] <= final_wait + 1e-6
 
 
 @pytest.mark.parametrize("iterations", [1, 2, 4])
