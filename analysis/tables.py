@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import pandas as pd
@@ -59,9 +60,23 @@ def _norm(v):
 
 
 def _resolved(run, sweep_dir: Path | None) -> dict | None:
-    """The run's resolved config, flattened, or None where its directory has none."""
-    path = Path(sweep_dir) / run["run_id"] / "config.yaml" if sweep_dir is not None else None
-    return _flat(yaml.safe_load(path.read_text()) or {}) if path is not None and path.exists() else None
+    """The run's resolved config, flattened, or None where its directory has none. Parsed once
+    per file version: naming treatments (`load_runs`) and configurations (`add_configurations`)
+    both read it."""
+    if sweep_dir is None:
+        return None
+    path = Path(sweep_dir) / run["run_id"] / "config.yaml"
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return dict(_read_flat(str(path), st.st_mtime_ns, st.st_size))
+
+
+@lru_cache(maxsize=4096)
+def _read_flat(path: str, _mtime_ns: int, _size: int) -> dict:
+    """A config file, flattened; the file's version is part of the key (callers do not mutate it)."""
+    return _flat(yaml.safe_load(Path(path).read_text()) or {})
 
 
 def _config_ident(run, cols: list[str], cfg: dict | None) -> dict:
