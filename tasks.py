@@ -17,7 +17,7 @@ RESULTS = REPO / "results"
 
 
 def _sections():
-    from emu.config import Sections
+    from emu.config.experiment import Sections
     from schedulers.registry import params_models
     from workloads.config import WorkloadConfig
 
@@ -30,7 +30,7 @@ def _need_root(what: str) -> None:
 
 
 def _parse_shard(text: str | None) -> tuple[int, int] | None:
-    from emu.config import ConfigError
+    from emu.config.experiment import ConfigError
 
     if text is None:
         return None
@@ -46,7 +46,7 @@ def _parse_shard(text: str | None) -> tuple[int, int] | None:
 def _add_bounds(sweep_dir: Path) -> None:
     """Analytic lower bounds and efficiency into each completed run's row."""
     from analysis.bounds import annotate
-    from emu.results import update_runs
+    from emu.run.results import update_runs
 
     if (sweep_dir / "runs.parquet").exists():
         update_runs(sweep_dir, lambda runs: annotate(runs, sweep_dir))
@@ -72,15 +72,15 @@ def _ensure_ray() -> None:
 def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None,
                 ray: str | None = None):
     """Validate, check against this machine, run and report a config; returns its plan."""
-    from emu import preflight
-    from emu.config import ConfigError
-    from emu.plan import load_plan
+    from emu.config.experiment import ConfigError
+    from emu.config.plan import load_plan
+    from emu.testbed import preflight
 
     try:
         plan = load_plan(config, _sections(), overrides)
         shard_ = _parse_shard(shard)
         if ray is not None:
-            from emu.raysweep import parse_address
+            from emu.sweeps.raysweep import parse_address
 
             ray = parse_address(ray)
         remote = ray not in (None, "local")  # the cluster's nodes check and run the networks, not this machine
@@ -92,13 +92,13 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
         _need_root("run")
     if ray is not None:
         _ensure_ray()
-    from emu.sweep import run_plan
+    from emu.sweeps.sweep import run_plan
 
     try:
         if ray is None:
             rows = run_plan(plan, Path(results), force=force, shard=shard_)
         else:
-            from emu.raysweep import run_plan_on_ray
+            from emu.sweeps.raysweep import run_plan_on_ray
 
             rows = run_plan_on_ray(plan, Path(results), ray, force=force, shard=shard_)
     except ConfigError as e:
@@ -158,10 +158,10 @@ _TUNE_HELP = {
 def tune(c, config, scheduler=None, budget=None, set=None, results=str(RESULTS), point=None,  # noqa: A002
          name=None, seed="0", sampler="tpe", max_minutes=None):
     """Tune a scheduler's tunables on one network setting by Bayesian optimisation (optuna); resumable."""
-    from emu import preflight
-    from emu.config import ConfigError
-    from emu.tune import prepare
-    from emu.tune import tune as do_tune
+    from emu.config.experiment import ConfigError
+    from emu.sweeps.tune import prepare
+    from emu.sweeps.tune import tune as do_tune
+    from emu.testbed import preflight
 
     command = "./inv tune " + " ".join(sys.argv[sys.argv.index("tune") + 1:]) if "tune" in sys.argv else ""
     try:
@@ -191,7 +191,7 @@ def tune(c, config, scheduler=None, budget=None, set=None, results=str(RESULTS),
                                  "into": "the merged results directory"})
 def merge(c, source, into):
     """Merge results of several machines or shards of one sweep (concatenation by run_id)."""
-    from emu.results import merge as do_merge
+    from emu.run.results import merge as do_merge
 
     try:
         n = do_merge([Path(s) for s in source], Path(into))
@@ -303,7 +303,7 @@ def bench(c, only=None, quick=False):
 @task
 def doctor(c):
     """Check every machine requirement (README: Machine requirements): what is here, what a run changes."""
-    from emu.capabilities import checks, report
+    from emu.testbed.capabilities import checks, report
 
     print(report())
     missing = [f"{ch.area} {ch.name}" for ch in checks() if not ch.ok]
@@ -317,7 +317,7 @@ def doctor(c):
 def clean(c, force=False):
     """Remove leftover Mininet interfaces and role processes that this harness started."""
     _need_root("clean")
-    from emu.cleanup import clean as do_clean
+    from emu.testbed.cleanup import clean as do_clean
 
     removed = do_clean(force=force)
     for line in removed:
@@ -351,8 +351,8 @@ def profile(c, model, preset="small", batch_size=32, iterations=None, threads=1)
 def fresh_os(c, full=False, keep=False, rebuild=False):
     """Run the README's commands (./inv demo, then ./inv test --fast) on a fresh Debian 12 in a directory."""
     _need_root("fresh-os")
-    from emu.freshos import FreshOSError
-    from emu.freshos import run as run_fresh_os
+    from emu.testbed.freshos import FreshOSError
+    from emu.testbed.freshos import run as run_fresh_os
 
     try:
         done = run_fresh_os(full=full, keep=keep, rebuild=rebuild)

@@ -25,7 +25,7 @@ what each one is, and the report quotes it):
   paths u->v and v->u: the LP optimum the forest planner targets. Solved here by an
   independent formulation (`forest_rate_bps`), not the planner's column generation.
 - "hierarchical" (hierarchical): the workers under one switch form a group whose lowest rank
-  leads it (`worker_groups`, the grouping schedulers/hierarchical.py uses); each member sends
+  leads it (`worker_groups`, the grouping schedulers/collective/hierarchical.py uses); each member sends
   G to its leader and gets G back, and the leaders run a ring in rank order, each hop carrying
   2(L-1)/L * G for L leaders. All stages are pipelined at once, so a link carries the sum of
   its loads in every stage (a leader's host link: its members' gradients and averages and its
@@ -104,7 +104,7 @@ _TEXT = {"bound_model", "bound_capacity", "efficiency_basis"}
 
 def load_graph(run_dir: Path) -> nx.DiGraph:
     """The capacity graph of the run's network in emulated bit/s per directed edge: the graph
-    its roles were given, whose rates a time-dilated run (emu/dilation.py) divided by its
+    its roles were given, whose rates a time-dilated run (emu/config/dilation.py) divided by its
     `time_dilation` k, multiplied back by k, so that every bound is in emulated time as the
     run's tables are."""
     spec = RoleSpec.model_validate_json(next((run_dir / "roles").glob("worker*.json")).read_text())
@@ -173,7 +173,7 @@ def worker_groups(g: nx.DiGraph, workers: list[str]) -> list[list[int]]:
     """Worker indices grouped by the switch their host hangs off (workers of one host
     together; several switches: the first by name; none: the host alone), each group in
     index order, groups by their first index (the leader). Mirrors
-    schedulers/hierarchical.py `groups`, which analysis may not import."""
+    schedulers/collective/hierarchical.py `groups`, which analysis may not import."""
     out: dict[str, list[int]] = {}
     for i, host in enumerate(workers):
         switches = {v for v in (*g.successors(host), *g.predecessors(host)) if g.nodes[v].get("kind") == "switch"}

@@ -33,7 +33,7 @@ reaches 50. For a single link both agree, and the time to move B bits is the T w
 `analysis/bounds.py` compares it with the mean iteration when the capacity varied inside
 the window (a step, a flow starting or stopping) and with the median otherwise.
 
-A time-dilated run (`time_dilation` k > 1, emu/dilation.py) stored its tables, its iteration
+A time-dilated run (`time_dilation` k > 1, emu/config/dilation.py) stored its tables, its iteration
 times and the row's cross-traffic rates in emulated time already; only its roles' capacity
 graph holds the dilated rates, which `analysis/bounds.py` `load_graph` multiplies back by k,
 and the 0.3 s the flows wait is wall clock, 0.3 / k emulated. So the bound of a dilated run
@@ -56,7 +56,7 @@ import yaml
 
 from contracts.iterations import measured
 
-FLOWS_START_S = 0.3  # emu/crosstraffic.py lets the flows go 0.3 s after the monitor's t = 0
+FLOWS_START_S = 0.3  # emu/testbed/crosstraffic.py lets the flows go 0.3 s after the monitor's t = 0
 MIN_SHARE = 1e-3  # available capacity is kept at least this share of the configured (a link
 #                   whose cross traffic measured above its rate is nearly, not entirely, taken)
 
@@ -135,7 +135,7 @@ def available_capacity(g: nx.DiGraph, window: tuple[float, float], links: pd.Dat
 
 
 def time_dilation(run_dir: Path) -> float:
-    """The run's `time_dilation` k from its config.yaml (emu/dilation.py; absent: 1). Its
+    """The run's `time_dilation` k from its config.yaml (emu/config/dilation.py; absent: 1). Its
     tables are in emulated time already; only what its roles were given (the capacity graph
     of roles/*.json) is in the dilated clock."""
     path = Path(run_dir) / "config.yaml"

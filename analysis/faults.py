@@ -2,7 +2,7 @@
 and how long a fault that ended a run took to be named.
 
 Each run's faults are in its row (`faults`, the config's list as JSON) and, as they
-happened, in its `faults.parquet` (emu/faults.py: planned and actual start and end,
+happened, in its `faults.parquet` (emu/run/faults.py: planned and actual start and end,
 `cost_s`, `stall_max_s`, `reason_after_s`). A run's fault *scenario* is a short name for
 its list ("stop worker0 5 s", "link_down w1-s1 2 s x3"), so runs of one scenario compare
 across schedulers, and the runs without a fault are its baseline.
@@ -59,7 +59,7 @@ def load_faults(sweep_dir: Path, runs: pd.DataFrame) -> pd.DataFrame:
 
 def job_iterations(iters: pd.DataFrame) -> pd.DataFrame:
     """A run's iterations as the job makes them: iteration k ends when its last worker ends
-    it, and takes that end less iteration k-1's (as emu/faults.py counts a fault's cost)."""
+    it, and takes that end less iteration k-1's (as emu/run/faults.py counts a fault's cost)."""
     ends = iters.groupby("iteration")["end"].max().sort_index()
     return pd.DataFrame({"iteration": ends.index[1:], "end": ends.values[1:], "duration_s": np.diff(ends.values)})
 

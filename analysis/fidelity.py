@@ -3,7 +3,7 @@ trusted for, and why the others cannot.
 
 Each run's row carries `fidelity_ok`, `fidelity_reasons` ("; "-separated sentences with
 numbers and link names in them) and `fidelity_codes` (one reason code per sentence,
-contracts/fidelity.py): the monitors' checks (emu/fidelity.py) and, once the bounds are
+contracts/fidelity.py): the monitors' checks (emu/testbed/fidelity.py) and, once the bounds are
 computed, the physics checks (analysis/physics.py). Failures are counted by code, so each
 reason is one line however its numbers differ from run to run; a sentence serves as the
 example.
@@ -28,7 +28,7 @@ CATEGORIES = {
                                 "it must send or receive each iteration",
 }
 
-# Rows written before the verdict had codes: each code's sentence, as emu/fidelity.py worded it.
+# Rows written before the verdict had codes: each code's sentence, as emu/testbed/fidelity.py worded it.
 LEGACY_SENTENCES = [
     (r"CPU idle fell", Reason.CPU_IDLE.value),
     (r"above its configured rate", Reason.RATE_EXCESS.value),

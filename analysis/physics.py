@@ -1,7 +1,7 @@
 """Physics checks of each run's verdict: a run that reports an iteration faster than its
 links allow, or that moved fewer bytes than its scheme must, measured a bug, not a network.
 
-The monitors' verdict (emu/fidelity.py: CPU idle, rate excess, saturation) says whether the
+The monitors' verdict (emu/testbed/fidelity.py: CPU idle, rate excess, saturation) says whether the
 emulation behaved like the configured network; it cannot see a wrong clock or a scheme that
 skipped work. These two checks can, and they need the bounds, which are computed here in
 analysis (emu may not import it), so they are applied when the bounds are
@@ -44,7 +44,7 @@ from analysis.fidelity import findings
 from contracts.fidelity import COLUMN as CODES_COLUMN
 from contracts.fidelity import Reason
 
-DEFAULT_TOLERANCE = 0.05  # emu/config.py FidelityConfig.rate_tolerance's default
+DEFAULT_TOLERANCE = 0.05  # emu/config/experiment.py FidelityConfig.rate_tolerance's default
 CODES = {Reason.BELOW_BOUND.value, Reason.TOO_FEW_BYTES.value}
 COLUMNS = ["physics_ok", "physics_reasons", "physics_unjudged", "physics_bytes_min", "fidelity_monitor_ok"]
 
@@ -76,7 +76,7 @@ def below_bound(run) -> tuple[list[str], str | None]:
 # ---------------------------------------------------------------------------- too_few_bytes
 def bytes_carried(links: pd.DataFrame) -> dict[str, float]:
     """Bytes each link direction ('a->b') carried over the monitored run: each sample's rate
-    (bytes/s since that direction's sample before, emu/monitor.py; the first since t = 0)
+    (bytes/s since that direction's sample before, emu/testbed/monitor.py; the first since t = 0)
     times its interval."""
     out = {}
     for label, df in links.groupby("link"):

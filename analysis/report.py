@@ -328,7 +328,7 @@ def _startup(runs: pd.DataFrame, iters: pd.DataFrame, sweep_dir: Path, out_dir: 
     out = ["## Start-up cost: partitioning against Mercury", "",
            "The Mercury paper argues that a start-up slot before every tensor partition takes away what "
            "partitioning gains, while Mercury pays it once per tensor (its packets are segments of one stream). "
-           "Each run's scheduler pays `startup_us` per message (`schedulers/ps.py`): bytescheduler and fifo per "
+           "Each run's scheduler pays `startup_us` per message (`schedulers/ps/client.py`): bytescheduler and fifo per "
            "PUSH and PULL, p3 per slice, mercury once per tensor per iteration per server connection. Per start-up "
            "cost: bytescheduler's fastest partition and its iteration time, its time at its largest partition "
            "(the gain = largest / best), the other schedulers' times, and mercury's speed-up over the best "
@@ -364,7 +364,7 @@ def _faults(runs_all: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]
         return []
     table = faults_mod.summary(runs_all, faults_mod.load_faults(sweep_dir, runs_all))
     out = ["## Faults", "",
-           "Faults injected on the run's timeline (`faults:`, emu/faults.py), per scenario and scheduler. "
+           "Faults injected on the run's timeline (`faults:`, emu/run/faults.py), per scenario and scheduler. "
            "Survived: runs that completed. Fault cost: per run, the measured iterations that overlap a fault "
            "(plus one median iteration for the recovery) less the median iteration, summed over its faults "
            "(median over runs). Longest stall: the longest time any role made no progress around a fault, "

@@ -8,7 +8,7 @@ Here that is read off as bytescheduler's iteration time against its partition si
 curve per start-up cost, beside fifo, p3 and mercury at the same cost.
 
 A run's start-up cost is its scheduler's resolved `startup_us` (0 where the resolved config
-leaves it out, as it does a zero cost: `schedulers/ps.py`), and its partition size is
+leaves it out, as it does a zero cost: `schedulers/ps/client.py`), and its partition size is
 bytescheduler's resolved `partition_numel` (none for the other schedulers). Runs are grouped
 by (configuration, scheduler, start-up cost, partition), whatever their `label`; everything
 else about them (repeats, seeds, other tunables) is pooled, and each group's iteration time

@@ -281,7 +281,7 @@ def load_events(sweep_dir: Path, run_id: str, role: str = "worker") -> pd.DataFr
 
 
 def load_tx_frames(sweep_dir: Path, run_id: str, role: str | None = None) -> pd.DataFrame | None:
-    """Per data frame of a traced PS run (schedulers/txstamps.py): role, rank, peer (the
+    """Per data frame of a traced PS run (schedulers/transport/txstamps.py): role, rank, peer (the
     server of a worker's PUSH, the worker of a server's RESULT), key, chunk, iteration,
     priority, bytes, ready_t (put into the outbox), first_byte_t, last_byte_t (left the host;
     NaN: no stamp came), inversion_s (how long after ready_t bytes of lower priority still

@@ -1,4 +1,4 @@
-"""Time dilation's invariance (issue 13; emu/dilation.py): one config at k = 1, 2, 4 through the
+"""Time dilation's invariance (issue 13; emu/config/dilation.py): one config at k = 1, 2, 4 through the
 normal run path, and the emulated iteration times side by side (figures, not pass/fail).
 
 A dilated run is the same experiment k times slower: links at 1/k of their rates, replayed
@@ -12,7 +12,7 @@ with CPU to spare. Run as root (Mininet):
         --dilations 2,4,8 --schedulers mercury
     sudo ./inv bench --only dilation
 
-Every run goes through emu.sweep.run_plan into a temporary results directory (removed unless
+Every run goes through emu.sweeps.sweep.run_plan into a temporary results directory (removed unless
 --keep or --results), the bounds are added as `./inv run` adds them, and the table prints per
 k and scheduler: the median of the runs' emulated median iterations, its ratio to k = 1, the
 fidelity verdicts, the lowest CPU idle, the bound and efficiency, and the runs' wall-clock time.
@@ -29,10 +29,10 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.bounds import annotate
-from emu.config import ConfigError, Sections
-from emu.plan import Plan, load_plan
-from emu.results import read_runs, update_runs
-from emu.sweep import run_plan
+from emu.config.experiment import ConfigError, Sections
+from emu.config.plan import Plan, load_plan
+from emu.run.results import read_runs, update_runs
+from emu.sweeps.sweep import run_plan
 from schedulers.registry import params_models
 from workloads.config import WorkloadConfig
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_forest_plan.py [--sizes 4,9,16,32,64] [--repeat 5]
 
-Per size, two topologies as the testbed builds them (emu/topospec.py, emu/topology.py):
+Per size, two topologies as the testbed builds them (emu/config/topospec.py, emu/testbed/topology.py):
 racks (sqrt(N) racks of sqrt(N) hosts, or 4 x 8 at 32; 100 Mb/s hosts, 4:1 uplinks) and a
 star whose 100 Mb/s hosts are scaled by a seeded lognormal (sigma 1). Columns: the plan's
 time (`schedulers.forest_plan.plan_forest`, median of --repeat calls after one warm-up, so
@@ -22,9 +22,9 @@ import time
 import networkx as nx
 
 from analysis.bounds import MAX_LP_HOSTS, forest_rate_bps
-from emu.topology import capacity_graph
-from emu.topospec import RacksTopology, StarTopology
-from schedulers.forest_plan import plan_forest
+from emu.config.capacity import capacity_graph
+from emu.config.topospec import RacksTopology, StarTopology
+from schedulers.collective.forest_plan import plan_forest
 
 RACKS = {4: (2, 2), 9: (3, 3), 16: (4, 4), 32: (4, 8), 64: (8, 8)}
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from schedulers import registry
-from schedulers.base import Endpoint, RoleContext, TensorSpec
+from schedulers.core.base import Endpoint, RoleContext, TensorSpec
 
 REPO = Path(__file__).resolve().parents[1]
 

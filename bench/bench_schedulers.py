@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from schedulers.transport import (
+from schedulers.transport.connection import (
     HOST_QUEUE_S,
     PRIORITY_QUEUE_S,
     QUEUE_S,
@@ -33,7 +33,7 @@ from schedulers.transport import (
     connect,
     listen,
 )
-from schedulers.txstamps import TxStamps
+from schedulers.transport.txstamps import TxStamps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,9 +79,9 @@ def peer_send(ip: str, port: int, total: int, frame: int, ps: bool = False) -> N
 # ---------------------------------------------------------------------------- orchestrated parts
 
 def transport(state, logs: Path) -> None:
-    from emu.network import Testbed
-    from emu.probe import iperf
-    from emu.topospec import StarTopology
+    from emu.config.topospec import StarTopology
+    from emu.testbed.network import Testbed
+    from emu.testbed.probe import iperf
 
     print("\n## Bulk transfer over one emulated link (goodput / configured rate)")
     print("(frames of 1 MiB, and of 16 KiB as Mercury's packets; the collectives' sending side, and the "
@@ -114,9 +114,9 @@ def transport(state, logs: Path) -> None:
 
 
 def ring_gloo(state, logs: Path, workers: int = 4, rate: float = 100, sizes: str = "5000000") -> None:
-    from emu.network import Testbed
-    from emu.runner import WORKER_PORT
-    from emu.topospec import StarTopology
+    from emu.config.topospec import StarTopology
+    from emu.run.runner import WORKER_PORT
+    from emu.testbed.network import Testbed
 
     print(f"\n## ring vs gloo: {workers} workers on a {rate:g} Mb/s star, tensors of {sizes} elements")
     spec = StarTopology.model_validate({"kind": "star", "count": workers, "bw_mbps": rate}).resolve()
@@ -153,7 +153,7 @@ def main() -> int:
         peer_send(args.ip, args.port, args.bytes, args.frame, args.ps)
         return 0
 
-    from emu.cleanup import StateDir
+    from emu.testbed.cleanup import StateDir
 
     logs = Path(tempfile.mkdtemp(prefix="schedlab-bench-"))
     with StateDir() as state:

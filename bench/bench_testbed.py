@@ -26,13 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from emu import tc
-from emu.cleanup import StateDir
-from emu.monitor import Monitor
-from emu.network import Testbed
-from emu.probe import iperf
-from emu.shaping import LinkShaping, Shaper
-from emu.topospec import GraphTopology, RacksTopology, StarTopology
+from emu.config.shaping import LinkShaping
+from emu.config.topospec import GraphTopology, RacksTopology, StarTopology
+from emu.testbed import tc
+from emu.testbed.cleanup import StateDir
+from emu.testbed.monitor import Monitor
+from emu.testbed.network import Testbed
+from emu.testbed.probe import iperf
+from emu.testbed.shaping import Shaper
 
 
 def bringup(sizes: list[int], state: StateDir) -> None:
@@ -166,7 +167,7 @@ def monitor_overhead(sizes: list[int], state: StateDir, seconds: float) -> None:
 def sweep_cost(tb: Testbed, spec) -> tuple[float, float]:
     """CPU microseconds of one Sampler.qdiscs over every shaped interface: in a tight loop,
     and paced at 100 Hz."""
-    from emu.netlink import Sampler
+    from emu.testbed.netlink import Sampler
 
     dirs = _directions(spec)
     s = Sampler({f"{a}->{b}": tb.egress(a, b) for a, b, _ in dirs}, {})

@@ -1,4 +1,4 @@
-"""Loopback micro-benchmarks of the transport (schedulers/transport.py) and of Mercury's
+"""Loopback micro-benchmarks of the transport (schedulers/transport/connection.py) and of Mercury's
 packet size. Prints tables; the lead repeats the measurements on emulated links.
 
     .venv/bin/python bench/bench_transport_loopback.py [throughput] [hol] [busy] [packets] [--quick]
@@ -13,7 +13,7 @@ hol         head-of-line blocking: a reader drains at a fixed rate (an emulated 
 busy        goodput at 100 Mb/s and 1 Gb/s when the sending process also runs a busy Python
             thread: the cost of a small TCP_NOTSENT_LOWAT (the kernel's queue may drain
             before the outbox thread gets the GIL back).
-packets     Mercury end to end (real `python -m schedulers.server` process, worker
+packets     Mercury end to end (real `python -m workloads.server` process, worker
             processes): time to average one 16 MiB gradient, by packet size; and how long
             one packet holds back a preempting gradient at 100 Mb/s and 1 Gb/s.
 
@@ -35,8 +35,8 @@ import numpy as np
 
 from contracts.role_spec import Address, role_specs
 from schedulers import registry
-from schedulers.base import Endpoint, RoleContext, TensorSpec
-from schedulers.transport import AUTO, Connection, Kind, Outbox
+from schedulers.core.base import Endpoint, RoleContext, TensorSpec
+from schedulers.transport.connection import AUTO, Connection, Kind, Outbox
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -228,7 +228,7 @@ def packets(quick: bool) -> None:
                                          out_dir=tmp, connect_timeout_s=20, iface="lo")[0]
                 path = Path(tmp) / "server.json"
                 path.write_text(server_spec.to_json())
-                server = subprocess.Popen([sys.executable, "-m", "schedulers.server", str(path)], cwd=REPO,
+                server = subprocess.Popen([sys.executable, "-m", "workloads.server", str(path)], cwd=REPO,
                                           stderr=subprocess.DEVNULL)
                 q = mpc.Queue()
                 procs = [mpc.Process(target=_mercury_worker, args=(r, workers, port, packet, numel, iters, q))

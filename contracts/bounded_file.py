@@ -1,5 +1,5 @@
 """Reading a file a user named, within a byte limit: the one implementation that config,
-sweep and trace files (emu/yaml_input.py) and replay profiles (workloads/profile_file.py)
+sweep and trace files (emu/config/yaml_input.py) and replay profiles (workloads/profile_file.py)
 share.
 
 Any path can be named, and a careless read of the wrong one hangs or exhausts the harness:

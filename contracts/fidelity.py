@@ -1,4 +1,4 @@
-"""The reason codes of the fidelity verdict: what emu/fidelity.py writes into a run's row
+"""The reason codes of the fidelity verdict: what emu/testbed/fidelity.py writes into a run's row
 (`fidelity_codes`) and analysis counts, so the two share names rather than sentences.
 
 A row's `fidelity_codes` is JSON text of a list (as every list cell of a row is), one code

@@ -1,8 +1,8 @@
 """A role's progress report: how far it got, and the bytes each of its connections moved.
 
 Roles answer the orchestrator only through files. Every role, servers as well as workers,
-rewrites `<out_dir>/<role>.progress.json` a few times a second (schedulers/progress.py
-writes it), and the orchestrator's watchdog (emu/watchdog.py) reads it to tell a role that
+rewrites `<out_dir>/<role>.progress.json` a few times a second (schedulers/core/progress.py
+writes it), and the orchestrator's watchdog (emu/run/watchdog.py) reads it to tell a role that
 makes progress from one that has stalled, and to say what the others were waiting on. The
 per-connection figures are the kernel's (TCP_INFO of every TCP socket the process holds),
 so they cover sockets the harness does not own (gloo's) and cost the data path nothing.

@@ -1,10 +1,10 @@
 """The role spec: everything a role process is told about its job, as one JSON file.
 
-    python -m workloads.worker SPEC.json        python -m schedulers.server SPEC.json
+    python -m workloads.worker SPEC.json        python -m workloads.server SPEC.json
 
 Roles hear from the orchestrator only through this file (and answer only through files),
 so a worker or server also runs without Mininet. `role_specs()` is the one place specs are
-built, by the orchestrator (emu/runner.py) and the loopback runner (workloads/local.py)
+built, by the orchestrator (emu/run/runner.py) and the loopback runner (workloads/local.py)
 alike; roles read them with `RoleSpec.model_validate_json`. The fields are declared in the
 order the files have always had, so `to_json()` writes what earlier run directories hold
 and their `roles/*.json` still read.
@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Role = Literal["server", "worker"]
-MODULES: dict[str, str] = {"server": "schedulers.server", "worker": "workloads.worker"}  # what runs a role
+MODULES: dict[str, str] = {"server": "workloads.server", "worker": "workloads.worker"}  # what runs a role
 
 
 class Address(BaseModel):

@@ -1,4 +1,4 @@
-"""The per-frame transmit table of a traced PS run: schedulers/txstamps.py fills it, each
+"""The per-frame transmit table of a traced PS run: schedulers/transport/txstamps.py fills it, each
 role writes it as `records/<role><rank>.tx_frames.npz` (numpy arrays, one per column), and
 the runner collects it as `tx_frames.parquet`. One row per data frame (PUSH from a worker,
 RESULT from a server):

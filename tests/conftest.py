@@ -164,7 +164,7 @@ def namespaces_pids() -> set[int]:
 def no_leftovers():
     """Fails the test if it leaves an interface, a namespaced process or a state record."""
     # v1: a group per host in the cpu (and cpuacct) hierarchy; v2: under the harness's own group
-    from emu.cgroups import V2_PARENT
+    from emu.testbed.cgroups import V2_PARENT
     root = Path("/sys/fs/cgroup")
     places = [root / "cpu", root / "cpuacct", root / V2_PARENT, root / "unified" / V2_PARENT]
     def cgroups() -> set[str]:

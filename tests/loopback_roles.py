@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from contracts.role_spec import Address, role_specs
-from emu.config import Experiment, validate_experiment
+from emu.config.experiment import Experiment, validate_experiment
 from tests.conftest import REPO
 from workloads.local import free_ports
 

@@ -29,9 +29,10 @@ from analysis.bounds import (
     ring_bound_s,
     ring_order,
 )
-from emu.topology import capacity_graph
-from emu.topospec import RacksTopology, StarTopology
-from schedulers.forest_plan import LinkModel, lp_optimum
+from emu.config.capacity import capacity_graph
+from emu.config.topospec import RacksTopology, StarTopology
+from schedulers.collective.forest_plan import lp_optimum
+from schedulers.core.linkmodel import LinkModel
 
 G = 1e6  # gradient bytes
 MBPS = 1e6

@@ -20,7 +20,7 @@ from analysis.bounds import (
     model_bound_s,
     worker_groups,
 )
-from schedulers.hierarchical import groups
+from schedulers.collective.hierarchical import groups
 from tests.test_bounds import MBPS, G, racks_graph, secs, star_graph
 
 

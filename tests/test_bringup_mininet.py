@@ -19,10 +19,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from emu import tc
-from emu.cleanup import StateDir
-from emu.network import NetworkError, Testbed
-from emu.topospec import StarTopology
+from emu.config.topospec import StarTopology
+from emu.testbed import tc
+from emu.testbed.cleanup import StateDir
+from emu.testbed.network import NetworkError, Testbed
 from tests.conftest import invoke, needs_root
 
 pytestmark = [needs_root, pytest.mark.mininet]

@@ -1,4 +1,4 @@
-"""CPU cgroups on both hierarchies (emu/cgroups.py): detection, a host's group from creation to
+"""CPU cgroups on both hierarchies (emu/testbed/cgroups.py): detection, a host's group from creation to
 removal, the doctor's lines and preflight's decisions.
 
 Fast tier: recorded trees in a temporary directory, laid out like /sys/fs/cgroup of a
@@ -38,10 +38,10 @@ from pathlib import Path
 
 import pytest
 
-from emu import capabilities, cgroups, cleanup, preflight
-from emu.config import ConfigError
-from emu.network import _joining
-from emu.plan import load_plan
+from emu.config.experiment import ConfigError
+from emu.config.plan import load_plan
+from emu.testbed import capabilities, cgroups, cleanup, preflight
+from emu.testbed.network import _joining
 from tests.conftest import needs_root, wait_for
 from tests.test_config import GOOD, _sections, variant, write
 

@@ -7,8 +7,8 @@ import time
 
 import pandas as pd
 
-from emu.cleanup import StateDir, alive, clean, start_time
-from emu.results import completed, flatten, read_runs, record_run
+from emu.run.results import completed, flatten, read_runs, record_run
+from emu.testbed.cleanup import StateDir, alive, clean, start_time
 
 
 def test_clean_kills_recorded_group_of_dead_orchestrator(tmp_path):

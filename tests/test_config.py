@@ -15,9 +15,9 @@ import pytest
 import yaml
 from invoke import Exit
 
-from emu import capabilities, preflight
-from emu.config import ConfigError
-from emu.plan import load_plan, set_dotted
+from emu.config.experiment import ConfigError
+from emu.config.plan import load_plan, set_dotted
+from emu.testbed import capabilities, preflight
 from schedulers import registry
 from tasks import _sections
 from tests.conftest import REPO, invoke
@@ -229,7 +229,7 @@ def test_congestion_control_defaults_to_cubic_and_must_exist(tmp_path):
 
 
 # ---------------------------------------------------------------------------- preflight
-# Parsing looks at the config only; what this machine can emulate is emu/preflight.py's.
+# Parsing looks at the config only; what this machine can emulate is emu/testbed/preflight.py's.
 
 NEEDY = {**GOOD, "tcp": {"congestion_control": "nosuchcc"}, "host_cpu": {"w0": 0.5},
          "topology": {**GOOD["topology"], "delay_ms": 5}}
@@ -325,7 +325,7 @@ def test_cli_refuses_what_this_machine_lacks_before_anything(tmp_path, monkeypat
 
 # ---------------------------------------------------------------------------- hostile input
 # Whatever the input (huge, nested, aliased, binary, a device), the answer is one line naming
-# the file or field, within the limits of emu/yaml_input.py, before anything else walks it.
+# the file or field, within the limits of emu/config/yaml_input.py, before anything else walks it.
 
 G = yaml.safe_dump(GOOD)
 BOMB = "".join(f"  a{i}: &a{i} [" + ", ".join([f"*a{i - 1}" if i else "x"] * 10) + "]\n" for i in range(10))

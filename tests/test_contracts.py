@@ -27,9 +27,9 @@ def test_committed_role_specs_read_and_write_back_unchanged(path):
 
 
 def test_the_runner_writes_what_a_committed_run_holds():
-    """emu/runner.py's specs for the mini run's config are its roles/*.json, byte for byte."""
-    from emu.config import validate_experiment
-    from emu.runner import role_specs as runner_specs
+    """emu/run/runner.py's specs for the mini run's config are its roles/*.json, byte for byte."""
+    from emu.config.experiment import validate_experiment
+    from emu.run.runner import role_specs as runner_specs
     from tasks import _sections
 
     run_dir = next(p for p in sorted(MINI.iterdir()) if p.is_dir())
@@ -48,7 +48,7 @@ def test_role_specs_one_per_role_servers_first():
     wrk = [Address(host=f"w{i}", ip=f"10.0.0.{i + 2}", port=29600 + i) for i in range(2)]
     specs = role_specs(srv, wrk, seed=3, scheduler="fifo", params={}, workload={"iterations": 2}, out_dir="/r")
     assert [(s.name, s.module, s.iface) for s in specs] == [
-        ("server0", "schedulers.server", "ps-eth0"), ("worker0", "workloads.worker", "w0-eth0"),
+        ("server0", "workloads.server", "ps-eth0"), ("worker0", "workloads.worker", "w0-eth0"),
         ("worker1", "workloads.worker", "w1-eth0")]
     assert specs[2].address == wrk[1] and specs[0].topology is None and not specs[0].trace
     lo = role_specs([], wrk, seed=0, scheduler="ring", params={}, workload={}, out_dir="/r", iface="lo")

@@ -6,7 +6,8 @@ import json
 import subprocess
 import sys
 
-from emu.crosstraffic import CrossTraffic, Flow
+from emu.config.crosstraffic import Flow
+from emu.testbed.crosstraffic import CrossTraffic
 
 
 def _cross(tmp_path, flows, launch=None):

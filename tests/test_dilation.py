@@ -1,4 +1,4 @@
-"""Time dilation (emu/dilation.py; README: Time dilation), without a network: the config key
+"""Time dilation (emu/config/dilation.py; README: Time dilation), without a network: the config key
 and its refusals, the wall-clock plan a dilated experiment runs (rates / k, times x k), the
 conversion of what it measured back to emulated time, run ids of undilated configs as they
 were, and the bound of a dilated run equal to the undilated one's."""
@@ -13,10 +13,7 @@ import pytest
 import yaml
 
 from analysis.bounds import load_graph, run_bounds
-from emu import tc
-from emu.config import ConfigError
-from emu.crosstraffic import client_argv
-from emu.dilation import (
+from emu.config.dilation import (
     TABLES,
     cross_to_emulated,
     dilate_params,
@@ -25,10 +22,13 @@ from emu.dilation import (
     table_to_emulated,
     wall_plan,
 )
-from emu.plan import load_plan, set_dotted
-from emu.results import flatten
-from emu.runner import _net_summary, role_specs, summarize
-from emu.shaping import Shaper
+from emu.config.experiment import ConfigError
+from emu.config.plan import load_plan, set_dotted
+from emu.run.results import flatten
+from emu.run.runner import _net_summary, role_specs, summarize
+from emu.testbed import tc
+from emu.testbed.crosstraffic import client_argv
+from emu.testbed.shaping import Shaper
 from tasks import _sections
 from tests.conftest import REPO, invoke
 from tests.test_config import GOOD
@@ -203,7 +203,7 @@ def test_dilate_params_scales_only_times():
 # ---------------------------------------------------------------------------- results in emulated time
 
 def _emulated_tables() -> dict[str, pd.DataFrame]:
-    """One table of each kind, as it would be recorded undilated (columns by emu/dilation.py TABLES)."""
+    """One table of each kind, as it would be recorded undilated (columns by emu/config/dilation.py TABLES)."""
     rng = np.random.default_rng(0)
     out = {}
     for name, units in TABLES.items():

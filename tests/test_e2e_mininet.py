@@ -175,7 +175,7 @@ FRESH_ALLOWED = "reno bbr"  # what a fresh machine of the project's kind allows 
 def fresh_machine():
     """The machine as a newcomer has it: only reno and bbr allowed in namespaces. Every
     setting a run may change is compared afterwards; the machine's own values are put back."""
-    from emu.machine import ALLOWED_CC, RUN_LIMITS, read_sysctl, write_sysctl
+    from emu.testbed.machine import ALLOWED_CC, RUN_LIMITS, read_sysctl, write_sysctl
 
     keys = [ALLOWED_CC, *(limit.key for limit in RUN_LIMITS)]
     own = {k: read_sysctl(k) for k in keys}
@@ -190,7 +190,7 @@ def fresh_machine():
 
 
 def machine_now(fresh: dict) -> dict:
-    from emu.machine import read_sysctl
+    from emu.testbed.machine import read_sysctl
 
     return {k: read_sysctl(k) for k in fresh}
 

@@ -1,4 +1,4 @@
-"""Fault injection without a network (emu/faults.py): the timeline, planned against actual,
+"""Fault injection without a network (emu/run/faults.py): the timeline, planned against actual,
 every fault undone whatever ends the run, signals on real processes, and what a fault cost."""
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import time
 import pandas as pd
 import pytest
 
-from emu.faults import Fault, FaultOps, Faults, costs, job_iterations
-from emu.watchdog import proc_state
+from emu.config.faults import Fault
+from emu.run.faults import FaultOps, Faults, costs, job_iterations
+from emu.run.watchdog import proc_state
 
 HOSTS = {"server0": "ps", "worker0": "w0", "worker1": "w1"}
 
@@ -199,7 +200,7 @@ def test_a_fault_that_costs_nothing_costs_about_nothing():
 def _run_with_faults(tmp_path, fault_specs, **changes):
     """The runner's wait loop over a real loopback job with `fault_specs` injected, as
     _execute wires them: (the reason it failed with, the faults table, the watchdog)."""
-    from emu.runner import RunFailed, _evidence, _fault_table, _wait_for_roles, _watchdog
+    from emu.run.runner import RunFailed, _evidence, _fault_table, _wait_for_roles, _watchdog
     from tests.loopback_roles import launched, replay_job
 
     exp = replay_job(faults=fault_specs, **changes)

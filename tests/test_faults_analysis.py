@@ -12,7 +12,7 @@ import pytest
 from analysis import faults, plots
 from analysis.report import _faults, write_report
 from analysis.tables import load_runs
-from emu.plan import load_plan
+from emu.config.plan import load_plan
 from tasks import _sections
 from tests.conftest import REPO
 from tests.test_analysis import MINI, _is_png

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from contracts.fidelity import Reason
-from emu.config import FidelityConfig
-from emu.fidelity import verdict
+from emu.config.experiment import FidelityConfig
+from emu.testbed.fidelity import verdict
 
 RATE = 40e6  # bit/s
 DT = 0.1

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 
 from schedulers import registry
-from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
-from schedulers.forest import Forest, layout
-from schedulers.forest_plan import plan_forest
+from schedulers.collective.forest import Forest, layout
+from schedulers.collective.forest_plan import plan_forest
+from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
 from workloads.local import free_ports
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def star(rates):
-    """A capacity graph as emu/topology.py builds it (node-link data)."""
+    """A capacity graph as emu/testbed/topology.py builds it (node-link data)."""
     g = nx.DiGraph()
     g.add_node("s1", kind="switch")
     for i, c in enumerate(rates):
@@ -211,7 +211,7 @@ VICTIM = r"""
 import json, sys, time
 import numpy as np
 from schedulers import registry
-from schedulers.base import Endpoint, RoleContext, TensorSpec
+from schedulers.core.base import Endpoint, RoleContext, TensorSpec
 a = json.loads(sys.argv[1])
 eps = [Endpoint(*e) for e in a["eps"]]
 s = registry.create("forest", RoleContext(a["rank"], len(eps), [], eps, topology=a["topo"],

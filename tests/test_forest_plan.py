@@ -27,15 +27,16 @@ import numpy as np
 import pytest
 
 from analysis.bounds import forest_rate_bps
-from emu.topology import capacity_graph
-from emu.topospec import RacksTopology, StarTopology
-from schedulers.forest_plan import MIN_FRACTION, ForestPlan, LinkModel, _few_trees, _restricted_lp, plan_forest
+from emu.config.capacity import capacity_graph
+from emu.config.topospec import RacksTopology, StarTopology
+from schedulers.collective.forest_plan import MIN_FRACTION, ForestPlan, _few_trees, _restricted_lp, plan_forest
+from schedulers.core.linkmodel import LinkModel
 
 MBPS = 1e6
 
 
 def star(rates, up=None):
-    """A capacity graph as emu/topology.py builds it: one switch, one link per host."""
+    """A capacity graph as emu/testbed/topology.py builds it: one switch, one link per host."""
     g = nx.DiGraph()
     g.add_node("s1", kind="switch")
     hosts = []
@@ -49,7 +50,7 @@ def star(rates, up=None):
 
 
 def racks(num_racks, per_rack, host_mbps, oversubscription):
-    """emu/topospec.py's racks: hosts r{i}h{j}, ToR switches s1..sR, core switch s0."""
+    """emu/config/topospec.py's racks: hosts r{i}h{j}, ToR switches s1..sR, core switch s0."""
     g = nx.DiGraph()
     g.add_node("s0", kind="switch")
     uplink = per_rack * host_mbps / oversubscription

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from schedulers import registry
-from schedulers.bandwidth import estimate, probe_rounds, skeleton, structure, with_capacities
-from schedulers.base import CommError, TensorSpec
-from schedulers.forest import Forest
-from schedulers.forest_plan import LinkModel, plan_forest
+from schedulers.collective.bandwidth import estimate, probe_rounds, skeleton, structure, with_capacities
+from schedulers.collective.forest import Forest
+from schedulers.collective.forest_plan import plan_forest
+from schedulers.core.base import CommError, TensorSpec
+from schedulers.core.linkmodel import LinkModel
 from tests.test_forest import assert_averages, ctx, endpoints, run_threads, star
 
 MBPS = 1e6
@@ -127,7 +128,7 @@ def test_trigger_band_reference_and_plan_prediction():
     own prediction, which counts the backward pass when that is the longer."""
     from types import SimpleNamespace
 
-    from schedulers.forest_replan import Replanner
+    from schedulers.collective.forest_replan import Replanner
     forest = SimpleNamespace(_plan=SimpleNamespace(rate=1e7), rank=0, n=2)
     r = Replanner(forest, {}, [], None, probe_s=0.1, threshold=0.25, epsilon=0.03, assumed=False)
     r.gradient_bits = 1e6                                   # predicted: 0.1 s at 10 Mb/s

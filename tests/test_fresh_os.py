@@ -1,4 +1,4 @@
-"""`./inv fresh-os`: the README's commands pass on a freshly installed Debian 12 (emu/freshos.py).
+"""`./inv fresh-os`: the README's commands pass on a freshly installed Debian 12 (emu/testbed/freshos.py).
 
 The end-to-end test takes minutes (the root file system, the set-up, the demo and the fast
 tier): it is in the root tier and marked slow, so `./inv test --fast` leaves it out.
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from emu import freshos
+from emu.testbed import freshos
 from tests.conftest import REPO, needs_root
 
 HOST = {"PIP_FIND_LINKS": "/opt/wheels", "PIP_CONFIG_FILE": "/etc/pip.conf", "PIP_CONSTRAINT": "/etc/c.txt",
@@ -49,7 +49,7 @@ def test_the_steps_are_the_readmes_commands():
 def test_a_run_on_a_machine_without_git_records_an_unknown_version(tmp_path, monkeypatch):
     """The tree inside is an archive and the fresh machine has no git (nor would a user's who
     downloaded one): meta.json says the version is unknown instead of the run failing."""
-    from emu.runner import environment
+    from emu.run.runner import environment
 
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("SCHEDLAB_GIT_SHA", raising=False)

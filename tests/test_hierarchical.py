@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from schedulers import registry
-from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
-from schedulers.hierarchical import Hierarchical, HierarchicalParams, groups
-from schedulers.transport import Connection
+from schedulers.collective.hierarchical import Hierarchical, HierarchicalParams, groups
+from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
+from schedulers.transport.connection import Connection
 from tests.test_schedulers_loopback import drive, free_ports, gradient, spawn_job, tensor_set
 
 SMALL = {"bucket_mb": 0.05, "first_bucket_mb": 0.01, "chunk_kb": 16}  # many buckets and chunks

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from contracts.iterations import windows
-from schedulers.base import RoleContext, Scheduler, SchedulerParams
+from schedulers.core.base import RoleContext, Scheduler, SchedulerParams
 from tests.test_replay import synthetic_profile
 from workloads.config import WorkloadConfig
 from workloads.replay import Replay

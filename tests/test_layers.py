@@ -30,12 +30,12 @@ def _cells(line: str) -> list[str]:
 
 
 def _name(text: str) -> str:
-    """`emu/` -> emu, `tasks.py` -> tasks."""
+    """`emu/` -> emu, `emu/config/` -> emu/config, `tasks.py` -> tasks."""
     return text.strip().strip("`").rstrip("/").removesuffix(".py")
 
 
 def parse_layers(markdown: str) -> dict[str, set[str]]:
-    """The `## Layers` table: layer -> the other layers it may import."""
+    """The `## Layers` table: layer (a path, `emu/config`) -> the other layers it may import."""
     m = re.search(r"^## Layers[ \t]*\n(.*?)(?=^## |\Z)", markdown, re.S | re.M)
     if not m:
         raise LayerTableError("no section '## Layers'")
@@ -61,55 +61,71 @@ def parse_layers(markdown: str) -> dict[str, set[str]]:
     return rules
 
 
-def top_level_modules(root: Path) -> dict[str, list[Path]]:
-    """Top-level name -> its .py files: each directory holding .py files (at any depth), each top-level .py file."""
-    out: dict[str, list[Path]] = {}
+def layer_of(path: str, rules: dict[str, set[str]]) -> str | None:
+    """The most specific row that holds `path` (`emu/config/plan`, a file or module path without suffix)."""
+    parts = path.split("/")
+    for n in range(len(parts), 0, -1):
+        if "/".join(parts[:n]) in rules:
+            return "/".join(parts[:n])
+    return None
+
+
+def project_files(root: Path) -> list[Path]:
+    """Every .py file of the project but tests/: those under top-level directories, and top-level ones."""
+    out: list[Path] = []
     for p in sorted(root.iterdir()):
-        if p.name.startswith(".") or p.name in ("results", "__pycache__"):
+        if p.name.startswith(".") or p.name in ("results", "__pycache__") or p.name in NOT_LAYERS:
             continue
         if p.is_dir():
-            files = sorted(f for f in p.rglob("*.py") if "__pycache__" not in f.parts)
-            if files:
-                out[p.name] = files
+            out += sorted(f for f in p.rglob("*.py") if "__pycache__" not in f.parts)
         elif p.suffix == ".py":
-            out[p.stem] = [p]
+            out.append(p)
     return out
 
 
-def imported_top_levels(path: Path, root: Path) -> list[tuple[int, str]]:
-    """(line, top-level name) of every import in a file; relative imports resolved from its package."""
+def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, module as a path: `emu/config/plan`) of every import in a file; relative imports resolved
+    from its package; `from pkg import name` counts as importing `pkg/name` (a module or a name in pkg)."""
     rel = path.relative_to(root)
     package = list(rel.parts[:-1])  # the package a relative import starts from
     out: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+            out += [(node.lineno, a.name.replace(".", "/")) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level == 0:
-                out.append((node.lineno, node.module.split(".")[0]))
-                continue
-            base = package[: len(package) - (node.level - 1)] if node.level - 1 <= len(package) else []
-            if base:
-                out.append((node.lineno, base[0]))
-            elif node.module:
-                out.append((node.lineno, node.module.split(".")[0]))
+                base = node.module.split(".")
+            elif node.level - 1 <= len(package):
+                base = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
             else:
-                out += [(node.lineno, a.name) for a in node.names]
+                base = node.module.split(".") if node.module else []
+            out += [(node.lineno, "/".join(base + [a.name])) for a in node.names]
     return out
 
 
 def violations(root: Path, rules: dict[str, set[str]]) -> list[str]:
-    modules = top_level_modules(root)
-    problems = [f"{name}{'/' if modules[name][0].parent != root else '.py'}: holds .py files but is not a row of "
-                f"the layer table" for name in modules if name not in rules and name not in NOT_LAYERS]
-    project = set(modules) | set(rules)
-    for layer in sorted(rules):
-        allowed = rules[layer] | {layer}
-        for path in modules.get(layer, []):
-            for line, top in imported_top_levels(path, root):
-                if top in project and top not in allowed:
-                    may = ", ".join(sorted(rules[layer])) or "no other layer"
-                    problems.append(f"{path.relative_to(root)}:{line}: imports {top} ({layer} may import: {may})")
+    files = project_files(root)
+    problems = []
+    for f in files:
+        rel = f.relative_to(root)
+        if layer_of(str(rel.with_suffix("")), rules) is None:
+            where = f"{rel.parts[0]}/" if len(rel.parts) > 1 else str(rel)
+            problems.append(f"{where}: holds .py files but is not a row of the layer table")
+    problems = sorted(set(problems))
+    tops = {f.relative_to(root).parts[0].removesuffix(".py") for f in files} | {r.split("/")[0] for r in rules}
+    for path in files:
+        layer = layer_of(str(path.relative_to(root).with_suffix("")), rules)
+        if layer is None:
+            continue
+        for line, module in imported_modules(path, root):
+            if module.split("/")[0] not in tops:
+                continue  # the standard library, a third-party package
+            target = layer_of(module, rules)
+            if target is None or target == layer:
+                continue
+            if not any(target == a or target.startswith(a + "/") for a in rules[layer]):
+                may = ", ".join(sorted(rules[layer])) or "no other layer"
+                problems.append(f"{path.relative_to(root)}:{line}: imports {target} ({layer} may import: {may})")
     return problems
 
 
@@ -210,10 +226,23 @@ def test_no_function_is_over_80_lines():
     """Functions in the harness's layers read top to bottom on one screen or two."""
     long = []
     for layer in ("emu", "workloads", "schedulers", "analysis", "contracts"):
-        for path in sorted((REPO / layer).glob("*.py")):
+        for path in sorted((REPO / layer).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     n = node.end_lineno - node.lineno + 1
                     if n > 80:
                         long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, "functions over 80 lines:\n" + "\n".join(long)
+
+
+def test_sub_packages_are_layers_of_their_own(tmp_path):
+    """A row for a sub-package governs its files; a row naming a parent allows all of its sub-packages."""
+    table = TABLE.replace("| `emu/` | the testbed | `contracts/` |",
+                          "| `emu/` | map | — |\n| `emu/low/` | low | `contracts/` |\n"
+                          "| `emu/high/` | high | `emu/low/`, `contracts/` |")
+    root = _tree(tmp_path, {**{k: v for k, v in CLEAN.items() if not k.startswith("emu/")},
+                            "emu/__init__.py": "", "emu/low/a.py": "from emu.high import b\n",
+                            "emu/high/b.py": "from emu.low import a\nfrom . import c\n", "emu/high/c.py": "",
+                            "tasks.py": "from emu.high.b import x\n"})
+    assert violations(root, parse_layers(table)) == [
+        "emu/low/a.py:1: imports emu/high (emu/low may import: contracts)"]

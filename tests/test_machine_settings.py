@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from emu import cleanup
+from emu.testbed import cleanup
 
 
 @pytest.fixture
@@ -59,8 +59,8 @@ def test_unknown_sysctl_is_refused_before_anything_changes(tmp_path, kernel):
 
 def test_doctor_lists_every_setting_a_run_changes():
     """Each key a run may change has a doctor line that says it is restored."""
-    from emu.capabilities import checks
-    from emu.machine import ALLOWED_CC, RUN_LIMITS
+    from emu.testbed.capabilities import checks
+    from emu.testbed.machine import ALLOWED_CC, RUN_LIMITS
 
     lines = {c.name: c for c in checks()}
     for key in [ALLOWED_CC, *(limit.key for limit in RUN_LIMITS)]:

@@ -1,4 +1,4 @@
-"""The netlink monitor backend (emu/netlink.py): its parsers against pyroute2's decoders, on
+"""The netlink monitor backend (emu/testbed/netlink.py): its parsers against pyroute2's decoders, on
 synthetic messages and on replies recorded from a kernel; the monitor's rows from replayed
 replies, without a namespace; the htb change request as tc would send it; and, as root, the
 whole path against a pair of network namespaces the test creates and removes."""
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from emu import netlink, tc
-from emu.monitor import Monitor
+from emu.testbed import netlink, tc
+from emu.testbed.monitor import Monitor
 from tests.conftest import IS_ROOT, REPO
 
 pyroute2 = pytest.importorskip("pyroute2", reason="pyroute2 (requirements.txt) is not installed")
@@ -159,7 +159,7 @@ class ReplaySocket:
 
     def recv_into(self, buf, nbytes=0, flags=0) -> int:
         if not self.queue:
-            raise TimeoutError("no netlink reply")  # what emu.netlink._recv raises after its wait
+            raise TimeoutError("no netlink reply")  # what emu.testbed.netlink._recv raises after its wait
         d = self.queue.pop(0)
         buf[:len(d)] = d
         return len(d)
@@ -276,7 +276,7 @@ def ip(*args: str, ns: str | None = None) -> str:
 
 @pytest.fixture
 def netns_pair():
-    """Two namespaces joined by a veth pair, 10.77.0.1/2, htb on the first end (emu/tc.py's
+    """Two namespaces joined by a veth pair, 10.77.0.1/2, htb on the first end (emu/testbed/tc.py's
     setup at its minimum, 8 bit/s), and 20 UDP datagrams (1442-byte frames) sent into it: the first
     15 KB pass in htb's burst, the rest stay queued. Yields (ns_a, ns_b, dev_a); removed after."""
     tag = f"sl{os.getpid() % 100000}"

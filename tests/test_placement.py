@@ -1,5 +1,5 @@
 """`roles.servers: best`: one parameter server on the host where it has the highest rate on the
-configured network (emu/placement.py), resolved while the config is parsed."""
+configured network (emu/config/placement.py), resolved while the config is parsed."""
 from __future__ import annotations
 
 import copy
@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from analysis.bounds import ps_bound_s
-from emu.config import ConfigError
-from emu.placement import best_server, server_rates
-from emu.plan import load_plan, set_dotted
-from emu.results import flatten
-from emu.sweep import unique_runs
-from emu.topology import capacity_graph
-from emu.topospec import GraphTopology, LinkSpec, NetSpec, RacksTopology, StarTopology
+from emu.config.capacity import capacity_graph
+from emu.config.experiment import ConfigError
+from emu.config.placement import best_server, server_rates
+from emu.config.plan import load_plan, set_dotted
+from emu.config.topospec import GraphTopology, LinkSpec, NetSpec, RacksTopology, StarTopology
+from emu.run.results import flatten
+from emu.sweeps.sweep import unique_runs
 from tasks import _sections
 from tests.conftest import REPO, invoke
 from tests.test_config import write
@@ -262,7 +262,7 @@ def test_cli_bad_best_one_line_exit_2_nothing_created(tmp_path):
 
 def test_parsing_best_does_not_need_mininet(tmp_path):
     """Placement reads the capacity graph; parsing a config still imports no Mininet."""
-    code = ("import sys; from emu.plan import load_plan; from tasks import _sections; "
+    code = ("import sys; from emu.config.plan import load_plan; from tasks import _sections; "
             f"e = load_plan({str(write(tmp_path, GOOD))!r}, _sections()).experiments[0]; "
             "assert e.roles.servers == ['ps']; assert 'mininet' not in sys.modules, 'mininet imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from analysis import bounds
 from contracts.iterations import NoMeasuredIteration, first_measured, measured, windows
-from emu.config import ConfigError, validate_experiment
+from emu.config.experiment import ConfigError, validate_experiment
 from tasks import _sections
 from workloads.config import WorkloadConfig
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from schedulers.base import TensorSpec
+from schedulers.core.base import TensorSpec
 from schedulers.registry import params_models
-from schedulers.transport import Kind, Mode, Outbox, connect
+from schedulers.transport.connection import Kind, Mode, Outbox, connect
 from tests.test_schedulers_loopback import SMALL_PARTS, run_job
 from tests.test_schedulers_ps_family import Servers, create, run_workers
 

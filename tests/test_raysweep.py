@@ -1,4 +1,4 @@
-"""Sweeps on Ray (emu/raysweep.py; README: From one machine to N).
+"""Sweeps on Ray (emu/sweeps/raysweep.py; README: From one machine to N).
 
 Without Ray: the --ray address (unreachable: one line, exit 2, nothing created), the run
 directory's round trip, and the driver's bookkeeping against a stand-in for Ray (done runs
@@ -27,10 +27,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from emu import raysweep
-from emu.config import ConfigError
-from emu.plan import load_plan
-from emu.results import read_runs, record_run
+from emu.config.experiment import ConfigError
+from emu.config.plan import load_plan
+from emu.run.results import read_runs, record_run
+from emu.sweeps import raysweep
 from tasks import _sections
 from tests.conftest import REPO, invoke, invoke_popen, needs_root, wait_for
 from tests.test_config import GOOD
@@ -254,7 +254,7 @@ SWEEP = {
 
 
 def lock_holder() -> int | None:
-    """The pid that holds (or last held) the machine's one network (emu/network.py writes it)."""
+    """The pid that holds (or last held) the machine's one network (emu/testbed/network.py writes it)."""
     try:
         text = Path("/run/schedlab/network.lock").read_text().strip()
     except OSError:

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from emu.config import ConfigError, validate_experiment
+from emu.config.experiment import ConfigError, validate_experiment
 from schedulers import registry
-from schedulers.base import Endpoint, RoleContext
-from schedulers.server import ParameterServer
+from schedulers.core.base import Endpoint, RoleContext
+from schedulers.ps.server import ParameterServer
 from tasks import _sections
 from tests.conftest import REPO
 from workloads import profile_file

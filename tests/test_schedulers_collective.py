@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from schedulers import registry
-from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
-from schedulers.buckets import MiB, assign_buckets
-from schedulers.ring import Ring, RingParams, ring_chunks
-from schedulers.transport import Connection
+from schedulers.collective.buckets import MiB, assign_buckets
+from schedulers.collective.ring import Ring, RingParams, ring_chunks
+from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
+from schedulers.transport.connection import Connection
 from tests.test_schedulers_loopback import POOL, REPO, drive, free_ports, run_job, spawn_job, star
 
 DEATH_BOUND_S = 10  # every survivor must have failed this long after a death
@@ -291,7 +291,7 @@ def test_training_end_to_end_matches_parameter_server(tmp_path):
 def test_ring_chunks_stream_each_segment():
     """A segment is cut into segment_chunks chunks (none under 16 KiB, none over chunk_kb), so a
     hop forwards a stream; large buckets keep chunk_kb."""
-    from schedulers.ring import MIN_CHUNK_NUMEL, RingParams, chunk_numel
+    from schedulers.collective.ring import MIN_CHUNK_NUMEL, RingParams, chunk_numel
 
     p = RingParams()
     small = chunk_numel(137_000, 4, p)  # the small CNN: 0.55 MB over 4 workers
@@ -317,8 +317,8 @@ def test_topology_ring_order_crosses_the_uplink_once_each_way():
     """Ranks alternate between two racks: each of rank order's 6 hops crosses the uplink (3 each
     way), the searched order crosses it once each way, so its bottleneck rate is 3 times
     higher; on a star every order is alike and rank order is kept."""
-    from schedulers.forest_plan import LinkModel
-    from schedulers.ring import ring_order
+    from schedulers.collective.ring import ring_order
+    from schedulers.core.linkmodel import LinkModel
 
     hosts = [f"w{r}" for r in range(6)]
     order = ring_order(two_racks(hosts), hosts, "topology")

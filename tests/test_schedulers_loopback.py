@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 
 from schedulers import registry
-from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
-from schedulers.failure import Failure
-from schedulers.server import ParameterServer
+from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
+from schedulers.core.failure import Failure
+from schedulers.ps.server import ParameterServer
 from workloads.local import free_ports
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ import pytest
 
 from contracts.role_spec import Address, role_specs
 from schedulers import registry
-from schedulers.base import CommError, Endpoint, RoleContext, TensorSpec
-from schedulers.server import ParameterServer
-from schedulers.transport import AUTO, INITIAL_LOWAT, QUEUE_S, Connection, Kind, Mode, Outbox, connect
+from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
+from schedulers.ps.server import ParameterServer
+from schedulers.transport.connection import AUTO, INITIAL_LOWAT, QUEUE_S, Connection, Kind, Mode, Outbox, connect
 from tests.conftest import REPO
 
 KiB = 1024
@@ -101,7 +101,7 @@ def server_process(procs, tmp_path, rank: int, ports: list[int], workers: int, n
                        params=params or {}, workload={}, out_dir=tmp_path, connect_timeout_s=20, iface="lo")
     path = tmp_path / f"server{rank}.json"
     path.write_text(specs[rank].to_json())
-    procs.append(subprocess.Popen([sys.executable, "-m", "schedulers.server", str(path)], cwd=REPO,
+    procs.append(subprocess.Popen([sys.executable, "-m", "workloads.server", str(path)], cwd=REPO,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     return procs[-1]
 
@@ -280,7 +280,7 @@ def test_p3_server_sums_received_slices_by_priority():
 
 # ---------------------------------------------------------------- modes
 def test_server_process_takes_its_mode_from_the_spec(procs, tmp_path):
-    """`python -m schedulers.server SPEC.json` serves the spec's scheduler and refuses
+    """`python -m workloads.server SPEC.json` serves the spec's scheduler and refuses
     workers that speak another one, naming both; the worker fails, it does not hang."""
     port = free_port()
     proc = server_process(procs, tmp_path, 0, [port], 1, "p3")
@@ -311,7 +311,7 @@ WORKER_PROGRAM = """
 import json, sys, time
 import numpy as np
 from schedulers import registry
-from schedulers.base import Endpoint, RoleContext, TensorSpec
+from schedulers.core.base import Endpoint, RoleContext, TensorSpec
 a = json.loads(sys.argv[1])
 ctx = RoleContext(a["rank"], a["workers"], [Endpoint(**e) for e in a["servers"]], connect_timeout_s=20)
 sched = registry.create(a["name"], ctx, a["params"])

@@ -15,7 +15,7 @@ from analysis import plots, startup
 from analysis.report import _startup, startup_table, write_report
 from analysis.speedup import load_comparison
 from analysis.tables import load_runs
-from emu.plan import load_plan
+from emu.config.plan import load_plan
 from tasks import _sections
 from tests.conftest import REPO
 from tests.test_analysis import MINI, _is_png

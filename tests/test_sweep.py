@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from emu import sweep as sweep_module
-from emu.config import ConfigError
-from emu.plan import load_plan
-from emu.results import merge, record_run
-from emu.sweep import shard_of, unique_runs
+from emu.config.experiment import ConfigError
+from emu.config.plan import load_plan
+from emu.run.results import merge, record_run
+from emu.sweeps import sweep as sweep_module
+from emu.sweeps.sweep import shard_of, unique_runs
 from tasks import _sections
 from tests.conftest import REPO, invoke, invoke_popen, needs_root
 from tests.test_config import GOOD
@@ -171,7 +171,7 @@ def test_kill_9_mid_sweep_then_resume_runs_each_once(tmp_path, no_leftovers):
 def test_a_plan_parses_each_trace_file_once(tmp_path, monkeypatch):
     """Five grid points share the time-varying example's two traces: each is parsed once per
     plan (the model is validated twice per experiment), not once per validation."""
-    from emu.shaping import CsvTrace, Mahimahi
+    from emu.config.shaping import CsvTrace, Mahimahi
 
     calls = []
     for cls in (Mahimahi, CsvTrace):

@@ -12,16 +12,18 @@ import time
 import pytest
 
 from contracts.fidelity import Reason
-from emu import capabilities, tc
-from emu.cleanup import StateDir
-from emu.config import FidelityConfig
-from emu.crosstraffic import CrossTraffic, Flow
-from emu.fidelity import verdict
-from emu.monitor import Monitor
-from emu.network import Testbed
-from emu.probe import iperf
-from emu.shaping import LinkShaping, Shaper
-from emu.topospec import GraphTopology, RacksTopology, StarTopology
+from emu.config.crosstraffic import Flow
+from emu.config.experiment import FidelityConfig
+from emu.config.shaping import LinkShaping
+from emu.config.topospec import GraphTopology, RacksTopology, StarTopology
+from emu.testbed import capabilities, tc
+from emu.testbed.cleanup import StateDir
+from emu.testbed.crosstraffic import CrossTraffic
+from emu.testbed.fidelity import verdict
+from emu.testbed.monitor import Monitor
+from emu.testbed.network import Testbed
+from emu.testbed.probe import iperf
+from emu.testbed.shaping import Shaper
 from tests.conftest import needs_root
 
 pytestmark = [needs_root, pytest.mark.mininet]
@@ -195,7 +197,7 @@ def test_host_cpu_share_limits_a_busy_loop(tmp_path, state, no_leftovers):
     import os
     from pathlib import Path
 
-    from emu.cleanup import CGROUP_ROOT
+    from emu.testbed.cleanup import CGROUP_ROOT
 
     spec = StarTopology.model_validate({"kind": "star", "hosts": [
         {"name": "a", "bw_mbps": 10}, {"name": "b", "bw_mbps": 10}]}).resolve()

@@ -6,12 +6,12 @@ import copy
 import pytest
 import yaml
 
-from emu import capabilities, preflight
-from emu.config import ConfigError
-from emu.plan import load_plan
-from emu.shaping import LinkShaping
-from emu.topology import capacity_graph
-from emu.topospec import GraphTopology, RacksTopology, StarTopology
+from emu.config.capacity import capacity_graph
+from emu.config.experiment import ConfigError
+from emu.config.plan import load_plan
+from emu.config.shaping import LinkShaping
+from emu.config.topospec import GraphTopology, RacksTopology, StarTopology
+from emu.testbed import capabilities, preflight
 from tasks import _sections
 from tests.test_config import GOOD
 

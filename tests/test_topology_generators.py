@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 
 from analysis.tables import key_label
-from emu.config import ConfigError
-from emu.plan import load_plan
-from emu.topology import capacity_graph, graph_to_json
-from emu.topospec import IFNAMSIZ, NetSpec, RacksTopology, SitesTopology, StarTopology
-from schedulers.forest_plan import plan_forest
+from emu.config.capacity import capacity_graph, graph_to_json
+from emu.config.experiment import ConfigError
+from emu.config.plan import load_plan
+from emu.config.topospec import IFNAMSIZ, NetSpec, RacksTopology, SitesTopology, StarTopology
+from schedulers.collective.forest_plan import plan_forest
 from tasks import _sections
 from tests.conftest import REPO
 from tests.test_config import GOOD, write

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from schedulers import registry
-from schedulers.base import Endpoint, RoleContext
-from schedulers.server import ParameterServer
+from schedulers.core.base import Endpoint, RoleContext
+from schedulers.ps.server import ParameterServer
 from workloads.data import make
 from workloads.local import free_ports
 from workloads.models import build, input_spec

@@ -1,4 +1,4 @@
-"""`./inv tune` (emu/tune.py) without Mininet: the study with a stand-in for "run one
+"""`./inv tune` (emu/sweeps/tune.py) without Mininet: the study with a stand-in for "run one
 experiment", its records and resumption, the CLI's refusals, and how a sweep and the report
 use the tuned values."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ import yaml
 from analysis.report import summary
 from analysis.speedup import load_comparison, speedups
 from analysis.tables import load_runs
-from emu.config import ConfigError
-from emu.plan import load_plan
-from emu.results import read_runs, record_run
-from emu.tune import SPACES, prepare, to_coords, to_params, tune
+from emu.config.experiment import ConfigError
+from emu.config.plan import load_plan
+from emu.run.results import read_runs, record_run
+from emu.sweeps.tune import SPACES, prepare, to_coords, to_params, tune
 from tasks import _sections
 from tests.conftest import invoke
 
@@ -316,8 +316,8 @@ def test_the_task_runs_each_trial_through_run_plan(tmp_path, monkeypatch, capsys
     """`./inv tune` end to end with `run_plan` (which would start Mininet) stood in for."""
     from invoke import Context
 
-    import emu.preflight
-    import emu.sweep
+    import emu.sweeps.sweep
+    import emu.testbed.preflight
     import tasks
 
     plans = []
@@ -327,8 +327,8 @@ def test_the_task_runs_each_trial_through_run_plan(tmp_path, monkeypatch, capsys
         plans.append(plan)
         return [stand_in(plan.experiments[0], results_root, plan.points[0])]
 
-    monkeypatch.setattr(emu.sweep, "run_plan", run_plan)
-    monkeypatch.setattr(emu.preflight, "check", lambda plan: None)
+    monkeypatch.setattr(emu.sweeps.sweep, "run_plan", run_plan)
+    monkeypatch.setattr(emu.testbed.preflight, "check", lambda plan: None)
     monkeypatch.setattr(tasks, "_need_root", lambda what: None)
     results = tmp_path / "results"
     tasks.tune(Context(), str(write_config(tmp_path)), scheduler="bytescheduler", budget="4", results=str(results),

@@ -1,4 +1,4 @@
-"""Priority inversion per frame (issue 12, schedulers/txstamps.py): the bookkeeping on a
+"""Priority inversion per frame (issue 12, schedulers/transport/txstamps.py): the bookkeeping on a
 synthetic sequence, then real transmit stamps over TCP on 127.0.0.1 against a slow reader.
 Relations only, no speeds: the machine may be loaded."""
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pandas as pd
 
 from analysis.tables import load_tx_frames
 from contracts.tx_frames import summary
-from emu.runner import collect_tx_frames, tx_summary
-from schedulers.base import TensorSpec
-from schedulers.transport import HEADER, Connection, Kind, Outbox
-from schedulers.txstamps import FLAGS, SO_TIMESTAMPING, FrameLog, TxStamps, merge, save
+from emu.run.runner import collect_tx_frames, tx_summary
+from schedulers.core.base import TensorSpec
+from schedulers.transport.connection import HEADER, Connection, Kind, Outbox
+from schedulers.transport.txstamps import FLAGS, SO_TIMESTAMPING, FrameLog, TxStamps, merge, save
 from tests.test_schedulers_ps_family import Servers, create
 
 KiB = 1024
@@ -206,7 +206,7 @@ def test_stamps_only_when_traced(tmp_path):
 def test_traced_job_writes_the_table_and_the_row_figures(tmp_path):
     """Role processes (workloads/local.py): each worker and the server writes its
     `<role><rank>.tx_frames.npz`; the runner's `_collect` makes them one table."""
-    from emu.runner import _collect
+    from emu.run.runner import _collect
     from schedulers.registry import SCHEDULERS
     from tests.test_replay import synthetic_profile
     from workloads import profile_file

@@ -1,5 +1,5 @@
-"""The progress watchdog's decisions on hand-made reports and clocks (emu/watchdog.py), and
-the role side's report on real sockets and a real stopped process (schedulers/progress.py)."""
+"""The progress watchdog's decisions on hand-made reports and clocks (emu/run/watchdog.py), and
+the role side's report on real sockets and a real stopped process (schedulers/core/progress.py)."""
 from __future__ import annotations
 
 import json
@@ -14,19 +14,9 @@ import pytest
 
 from contracts import progress as contract
 from contracts.progress import ConnProgress, RoleProgress
-from emu.watchdog import (
-    MAX_S,
-    MIN_S,
-    Evidence,
-    Peers,
-    Watchdog,
-    WatchdogConfig,
-    culprit,
-    derive_window,
-    proc_state,
-    reason,
-)
-from schedulers.progress import ProgressReporter, tcp_connections
+from emu.config.watchdog import MAX_S, MIN_S, WatchdogConfig
+from emu.run.watchdog import Evidence, Peers, Watchdog, culprit, derive_window, proc_state, reason
+from schedulers.core.progress import ProgressReporter, tcp_connections
 from tests.conftest import REPO
 
 PEERS = Peers(host_of={"server0": "ps", "worker0": "w0", "worker1": "w1"},
@@ -262,7 +252,7 @@ def test_reporter_counts_the_bytes_of_each_real_connection(tmp_path):
 
 
 def test_a_stopped_role_stops_reporting_and_shows_as_stopped(tmp_path):
-    code = ("import sys, time\nfrom schedulers.progress import ProgressReporter\n"
+    code = ("import sys, time\nfrom schedulers.core.progress import ProgressReporter\n"
             "r = ProgressReporter(sys.argv[1], 'worker0', interval_s=0.1).start()\n"
             "print('up', flush=True)\ntime.sleep(60)\n")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
@@ -298,7 +288,7 @@ def test_runner_survives_a_short_pause_and_names_a_stopped_worker_of_a_real_job(
     is named, with the worker's state, within the window."""
     import threading
 
-    from emu.runner import RunFailed, _evidence, _wait_for_roles, _watchdog
+    from emu.run.runner import RunFailed, _evidence, _wait_for_roles, _watchdog
     from tests.loopback_roles import iterations, launched, replay_job
 
     exp = replay_job(watchdog={"stall_s": 3})
@@ -339,7 +329,7 @@ def test_runner_survives_a_short_pause_and_names_a_stopped_worker_of_a_real_job(
 
 def test_collecting_records_skips_the_progress_reports(tmp_path):
     """records/ holds <role>.progress.json beside the roles' records; they are no records."""
-    from emu.runner import _collect
+    from emu.run.runner import _collect
 
     it = {"rank": 0, "iteration": 0, "start": 1.0, "end": 2.0, "compute_s": 0.5, "wait_s": 0.5, "loss": 1.0,
           "accuracy": 0.5, "samples_per_s": 10.0}

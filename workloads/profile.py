@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from contracts.iterations import windows as iteration_windows
-from schedulers.base import RoleContext, Scheduler, SchedulerParams
+from schedulers.core.base import RoleContext, Scheduler, SchedulerParams
 from workloads import profile_file
 from workloads.config import MODELS, WorkloadConfig, default_profile
 from workloads.data import make

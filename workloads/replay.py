@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from schedulers.base import Scheduler, TensorSpec
+from schedulers.core.base import Scheduler, TensorSpec
 from workloads.profile_file import Profile
 from workloads.timing import Aggregates, StepResult, Timing
 

@@ -29,7 +29,7 @@ import time
 import torch
 from torch import nn
 
-from schedulers.base import Scheduler, TensorSpec
+from schedulers.core.base import Scheduler, TensorSpec
 from workloads.timing import Aggregates, StepResult, Timing
 
 

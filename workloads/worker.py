@@ -16,7 +16,7 @@ back, without torch), and writes `<out_dir>/worker<rank>.json`:
     summary     parameter checksum, compute mode, speedup, peak memory, ...
     events      the scheduler's trace (if tracing)
 
-and, traced PS runs, `<out_dir>/worker<rank>.tx_frames.npz` (schedulers/txstamps.py).
+and, traced PS runs, `<out_dir>/worker<rank>.tx_frames.npz` (schedulers/transport/txstamps.py).
 While it runs it keeps `worker<rank>.progress` (iterations done) and, twice a second,
 `worker<rank>.progress.json` (iterations and bytes per connection, contracts/progress.py)
 up to date for the orchestrator's watchdog.
@@ -37,9 +37,9 @@ from pathlib import Path
 from contracts import iterations, tx_frames
 from contracts.role_spec import RoleSpec
 from schedulers import registry
-from schedulers.base import CommError, Endpoint, RoleContext
-from schedulers.progress import ProgressReporter
-from schedulers.txstamps import save as save_tx_frames
+from schedulers.core.base import CommError, Endpoint, RoleContext
+from schedulers.core.progress import ProgressReporter
+from schedulers.transport.txstamps import save as save_tx_frames
 from workloads import profile_file
 from workloads.config import WorkloadConfig
 

@@ -3,8 +3,8 @@
     sudo .venv/bin/python tests/data/netlink/record.py
 
 Creates network namespaces slrecA and slrecB joined by a veth pair (slrecx, slrecy),
-shapes slrecx with emu/tc.py's setup at its minimum rate, queues 20 UDP datagrams in it, records the
-replies to emu/netlink.py's requests with what tc and ip print right after, and removes all
+shapes slrecx with emu/testbed/tc.py's setup at its minimum rate, queues 20 UDP datagrams in it, records the
+replies to emu/testbed/netlink.py's requests with what tc and ip print right after, and removes all
 of it.
 """
 import json
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from emu import netlink, tc
+from emu.testbed import netlink, tc
 
 HERE = Path(__file__).resolve().parent
 
@@ -69,10 +69,10 @@ def record() -> dict:
     finally:
         sock.close()
     return {"how": f"Linux {platform.release()}: a network namespace with lo and one end of a veth pair, the veth "
-                   "shaped by emu/tc.py's setup at 8 bit/s and 20 UDP datagrams of 1442-byte frames sent into it (the "
-                   "first pass, the rest stay queued); the replies to emu/netlink.py's qdisc_request(veth) and "
-                   "link_stats_request(), with what `tc -s -j qdisc show` and `ip -s -j link show` printed right "
-                   "after (tests/data/netlink/record.py)",
+                   "shaped by emu/testbed/tc.py's setup at 8 bit/s and 20 UDP datagrams of 1442-byte frames sent into "
+                   "it (the first pass, the rest stay queued); the replies to emu/testbed/netlink.py's "
+                   "qdisc_request(veth) and link_stats_request(), with what `tc -s -j qdisc show` and "
+                   "`ip -s -j link show` printed right after (tests/data/netlink/record.py)",
             "qdiscs": [{"hex": qdisc.hex(), "tc": {k: by_tc[k] for k in ("backlog", "drops", "qlen")}}],
             "link_stats": {"hex": b"".join(parts).hex(),
                            "ip": {str(x["ifindex"]): [x["stats64"]["rx"]["bytes"], x["stats64"]["tx"]["bytes"]]

@@ -1,0 +1,117 @@
+"""Running a plan (every experiment of a config's grid, each repeated): skip what is done,
+show progress, and stop cleanly on Ctrl-C or SIGTERM."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from emu.config.plan import Plan
+from emu.run.results import completed
+from emu.run.runner import run_one, terminate_as_interrupt
+from emu.testbed import preflight
+from emu.testbed.cleanup import StateDir, clean
+
+
+def shard_of(todo: list, shard: tuple[int, int] | None) -> list:
+    """Every n-th (experiment, repeat) of the plan, starting at i: shards of one plan are
+    disjoint and together complete, so their results merge by concatenation."""
+    if shard is None:
+        return todo
+    i, n = shard
+    return [t for k, t in enumerate(todo) if k % n == i]
+
+
+def _where(point: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items())
+
+
+def unique_runs(todo: list) -> list:
+    """Drop grid points that resolve to an experiment already in the plan (a grid over a
+    scheduler's tunable also crosses the schedulers that ignore it): each runs once."""
+    seen: dict[str, dict] = {}
+    out = []
+    for exp, repeat, point in todo:
+        rid = exp.run_id(repeat)
+        if rid in seen:
+            print(f"sweep: {_where(point)} is the same experiment as {_where(seen[rid])} ({rid}): run once",
+                  file=sys.stderr)
+            continue
+        seen[rid] = point
+        out.append((exp, repeat, point))
+    return out
+
+
+def plan_runs(plan: Plan, shard: tuple[int, int] | None = None) -> list:
+    """The plan's (experiment, repeat, grid point)s to run, each run_id once, this shard's:
+    the same list wherever it is computed (one machine, a shard, a Ray driver)."""
+    return shard_of(unique_runs([(e, r, p) for e, p in zip(plan.experiments, plan.points, strict=True)
+                                 for r in range(plan.repeats)]), shard)
+
+
+def point_columns(point: dict) -> dict:
+    """A grid point as row columns (point.<key>); lists and dicts as JSON text."""
+    return {f"point.{k}": json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in point.items()}
+
+
+def run_label(i: int, n: int, exp, repeat: int, point: dict) -> str:
+    return f"[{i}/{n}] {_where(point) or exp.scheduler} repeat {repeat} ({exp.run_id(repeat)})"
+
+
+def outcome(exp, row: dict, sweep_dir: Path) -> str:
+    """How a run ended, for its progress line."""
+    if row["status"] == "ok":
+        dilated = f", time dilation {exp.time_dilation:g}" if exp.time_dilation != 1 else ""
+        return (f"ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
+                f"wall {row['wall_s']:.1f} s{dilated}")
+    return f"{row['status']}: {row['reason']} (logs: {sweep_dir / row['run_id'] / 'logs'})"
+
+
+def run_plan(plan: Plan, results_root: Path, force: bool = False,
+             shard: tuple[int, int] | None = None) -> list[dict]:
+    """Run the plan's experiments (this shard's), each repeat once; a ConfigError if this
+    machine cannot emulate the plan (emu/testbed/preflight.py), before anything is created."""
+    preflight.check(plan)
+    sweep_dir = results_root / plan.name
+    done = set() if force else completed(sweep_dir)
+    todo = plan_runs(plan, shard)
+    pending = sum(1 for e, r, _ in todo if e.run_id(r) not in done)
+    rows: list[dict] = []
+    old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)
+    for line in clean():  # what a killed earlier orchestrator left (never a live one's)
+        print(f"cleaned up {line}", file=sys.stderr)
+    walls: list[float] = []
+    try:
+        with StateDir() as state:
+            for i, (exp, repeat, point) in enumerate(todo, 1):
+                rid = exp.run_id(repeat)
+                label = run_label(i, len(todo), exp, repeat, point)
+                if rid in done:
+                    print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
+                    continue
+                if walls:
+                    left = pending - len(walls)
+                    eta = dt.timedelta(seconds=round(sum(walls) / len(walls) * left))
+                    print(f"sweep: {len(walls)}/{pending} runs done, ETA {eta} for the {left} left", file=sys.stderr)
+                bar = tqdm(total=exp.workload["iterations"], desc=label, unit="it", file=sys.stderr,
+                           leave=True, dynamic_ncols=True,
+                           mininterval=0.2 if sys.stderr.isatty() else 5.0)
+
+                def progress(n: int, bar=bar) -> None:
+                    bar.update(n - bar.n)
+
+                try:
+                    row = run_one(exp, repeat, results_root, state, progress, extra=point_columns(point))
+                finally:
+                    bar.close()
+                rows.append(row)
+                walls.append(row["wall_s"])
+                print(f"{label}: {outcome(exp, row, sweep_dir)}", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+    return rows
+

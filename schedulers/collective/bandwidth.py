@@ -1,0 +1,89 @@
+"""What bandwidth the job has, from its own probes: the forest plans on this, never on the
+emulator's configuration (a real deployment cannot read tc).
+
+The job knows the network's structure (which hosts hang off which switch: the capacity
+graph's nodes and links) but not its rates. A probe runs rounds of TCP flows between workers
+over the job's own connections; each sender measures the goodput of each of its flows (bytes
+the peer acknowledged, after a slow-start skip). A link then carried at least the sum of the
+goodputs of the flows whose path crosses it, so each round gives a lower bound on every
+link's available capacity, and the estimate is the largest over rounds.
+
+Rounds (`probe_rounds`): every worker to every other at once; a ring, worker i to i + 1,
+one flow on each host link and direction; then, for each worker k, k to all others and all
+others to k at once. All-to-all saturates the links that bottleneck a spread-out pattern
+(oversubscribed uplinks); the fan rounds saturate a fast host's own link, which all-to-all
+leaves half idle when the hosts it sends to are slow; the ring measures a slow host's link
+with one flow, where several flows into a small queue lose packets and stall (five flows
+into a 5 Mb/s link read 3.4 Mb/s). A link that no round saturates is underestimated: the
+planner then loads it at most as much as the busiest round did, which costs rate only if
+the optimum needs more of it. n workers take n + 2 rounds.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from schedulers.core.linkmodel import LinkModel, star_graph
+
+Pair = tuple[int, int]
+
+
+def probe_rounds(n: int) -> list[list[Pair]]:
+    """(sender, receiver) flows of each round: all-to-all, a ring (one flow per host link and
+    direction), then a fan in and out of each worker."""
+    if n < 2:
+        return []
+    everyone = [(i, j) for i in range(n) for j in range(n) if i != j]
+    ring = [(i, (i + 1) % n) for i in range(n)] if n > 2 else [(0, 1), (1, 0)]
+    fans = [[(k, j) for j in range(n) if j != k] + [(j, k) for j in range(n) if j != k] for k in range(n)]
+    return [everyone, ring, *fans]
+
+
+def structure(topology: dict[str, Any] | None, hosts: list[str]) -> tuple[dict[str, Any], list[str], LinkModel]:
+    """The graph whose capacities the probe estimates, the node of each worker in it, and its
+    link model. Without a capacity graph (or with every worker on one host, as on loopback) a
+    star of one link per worker is assumed, as the configured-rate planner does."""
+    n = len(hosts)
+    if topology is not None:
+        model = LinkModel.from_graph(topology, hosts)
+        if n < 2 or model.pair_load.any():
+            return topology, list(hosts), model
+    star, nodes = star_graph(n)
+    return star, nodes, LinkModel.uniform_star(n)
+
+
+def estimate(model: LinkModel, rounds: list[dict[Pair, float]]) -> np.ndarray:
+    """Per link (model.links order), bit/s: the most any round put through it. A link no
+    worker's path crosses gets the largest estimate (it constrains no plan)."""
+    est = np.zeros(len(model.links))
+    for rates in rounds:
+        load = np.zeros(len(model.links))
+        for (i, j), bps in rates.items():
+            if bps > 0 and math.isfinite(bps):
+                load += bps * model.hop_load[i, j]
+        est = np.maximum(est, load)
+    if not est.any():
+        raise ValueError("the probe measured no bandwidth on any link")
+    return np.where(est > 0, est, est.max())
+
+
+def with_capacities(graph: dict[str, Any], model: LinkModel, capacity: np.ndarray) -> dict[str, Any]:
+    """`graph` (node-link data, the planner's input) with its links at `capacity` (bit/s, in
+    model.links order); only the rates change."""
+    rate = {link: float(c) for link, c in zip(model.links, capacity, strict=True)}
+    links = [{"source": e["source"], "target": e["target"], "capacity": rate[(e["source"], e["target"])]}
+             for e in graph.get("links", graph.get("edges", []))]
+    return {"directed": True, "multigraph": False, "graph": {},
+            "nodes": [{"id": n["id"], "kind": n.get("kind", "host")} for n in graph["nodes"]], "links": links}
+
+
+def skeleton(topology: dict[str, Any] | None) -> list:
+    """What of the capacity graph the job may know (nodes, kinds, links; no rates): workers
+    compare its fingerprint when they connect."""
+    if topology is None:
+        return []
+    nodes = sorted((n["id"], n.get("kind", "host")) for n in topology["nodes"])
+    links = sorted((e["source"], e["target"]) for e in topology.get("links", topology.get("edges", [])))
+    return [nodes, links]

@@ -1,0 +1,533 @@
+"""Topology-adaptive forest all-reduce (Zhang, Wu and Li, INFOCOM 2021) among the workers.
+
+Plan. Every worker computes the same plan from the capacity graph (`forest_plan.py`): trees
+spanning all workers, rooted at different workers, each owning a slice of every gradient
+sized to the tree's rate. Workers compare the plan's fingerprint when they connect. With
+no capacity graph (`ctx.topology` None) a uniform star over the workers is assumed.
+
+Slices. A tensor larger than one chunk is cut into one slice per tree in proportion to the
+trees' fractions; a smaller one goes whole to the tree furthest behind its share (in key
+order, so every worker decides alike). Slices are cut into chunks of `chunk_numel`.
+
+Data path, per chunk. Reduce: a worker adds its own gradient and its children's partial
+sums (in place: into the pushed gradient, which the worker hands over, or a received
+buffer) and passes the sum to its parent the moment the last one is in; the root divides
+by the number of workers. Broadcast: the average goes down the
+tree, each worker keeping a copy and forwarding it to its children as it arrives. All
+trees and all chunks run at once over one connection per pair of tree neighbours, so
+aggregation of later chunks overlaps the broadcast of earlier ones. On a shared link,
+frames go by iteration, layer priority (nearest the input first), then how far into its
+tree's slice a chunk is, which interleaves trees in proportion to their slices
+(`priority: false`: in the order they became ready, for comparison).
+
+Chunk size (`chunk_numel`, default 16384 floats = 64 KiB). Every chunk costs a fixed
+amount of Python time on top of its bytes, so small chunks waste CPU; but a chunk is
+forwarded only once all of it is in, so every tree level adds one chunk's transfer time.
+64 KiB adds 0.5 ms per level at 1 Gb/s and 5 ms at 100 Mb/s.
+
+Failure. A connection that breaks, a protocol error, or a peer that said BYE while we still
+need its data makes this worker fail with the reason (naming that peer) and send it as
+ABORT to every peer, who pass it on: every worker raises a CommError naming the culprit.
+The transport's keepalive bounds the time to notice a host that vanished silently.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from pydantic import Field
+
+from schedulers.collective.bandwidth import skeleton, structure
+from schedulers.collective.forest_plan import DEFAULT_EPSILON, ForestPlan, Tree, plan_forest
+from schedulers.collective.forest_replan import PROBE_FRAME, Replanner
+from schedulers.core.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.core.failure import Failure
+from schedulers.transport.connection import Connection, Kind, Outbox, connect, listen, stream_chunk_numel
+
+
+class ForestParams(SchedulerParams):
+    requires_servers: ClassVar[bool] = False
+    chunk_numel: int = Field(default=16_384, gt=0, le=16_777_216,
+                             description="largest chunk, floats (64 KiB; see the module docstring)")
+    priority: bool = Field(default=True, description="send the layers nearest the input first (Mercury's "
+                                                      "order, inside the trees); false: first come, first sent")
+    slice_chunks: int = Field(default=8, ge=1, le=4096,
+                              description="cut each tree's slice of a tensor into at least this many chunks "
+                                          "(none under 4096 floats, 16 KiB)")
+    epsilon: float = Field(default=DEFAULT_EPSILON, gt=0, lt=0.5,
+                           description="recorded with the plan; the plan is the exact LP optimum (it was the "
+                                       "accuracy of the Garg-Konemann planner this replaced)")
+    bandwidth: Literal["measured", "configured"] = Field(
+        default="measured", description="measured: plan on what a probe at start-up measures and re-plan when "
+        "the all-reduce time changes (forest_replan.py); configured: plan once on the capacity graph's rates")
+    probe_s: float = Field(default=0.5, gt=0.05, le=10, description="length of one probe round, s (n + 2 rounds)")
+    replan_threshold: float = Field(default=0.25, gt=0, le=10,
+                                    description="re-plan when an iteration's all-reduce time leaves "
+                                                "[ref / (1 + t), ref * (1 + t)]")
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_plan(topology_json: str | None, hosts: tuple[str, ...], epsilon: float) -> ForestPlan:
+    """Workers of one process (loopback tests) share the plan instead of each solving it."""
+    return plan_forest(None if topology_json is None else json.loads(topology_json), list(hosts), epsilon)
+
+
+# ---------------------------------------------------------------------------- slices
+@dataclass(frozen=True)
+class Chunk:
+    tree: int
+    lo: int
+    hi: int
+    pos: float      # how far into its tree's slice of the tensor (0 = first chunk)
+
+
+LATE_REFUSAL_S = 0.5    # how long a worker that failed at start-up still answers connecting peers
+
+
+def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int,
+           slice_chunks: int = 1) -> dict[int, list[Chunk]]:
+    """Chunks of every tensor, by key; identical on every worker for the same inputs. A slice
+    streams in at least `slice_chunks` chunks of at most chunk_numel (transport.stream_chunk_numel)."""
+    bounds_of = np.cumsum(fractions)
+    load = [0] * len(fractions)
+    total = 0
+    out: dict[int, list[Chunk]] = {}
+    for t in sorted(tensors, key=lambda s: s.key):
+        if t.numel > chunk_numel:
+            cuts = [0] + [int(round(t.numel * b)) for b in bounds_of[:-1]] + [t.numel]
+            slices = [(k, cuts[k], cuts[k + 1]) for k in range(len(fractions))]
+        else:
+            k = max(range(len(fractions)), key=lambda k: (fractions[k] * (total + t.numel) - load[k], -k))
+            slices = [(k, 0, t.numel)]
+        chunks = []
+        for k, lo, hi in slices:
+            size = stream_chunk_numel(hi - lo, slice_chunks, chunk_numel)
+            starts = range(lo, hi, size)
+            chunks += [Chunk(k, a, min(a + size, hi), q / len(starts)) for q, a in enumerate(starts)]
+            load[k] += hi - lo
+        total += t.numel
+        out[t.key] = chunks
+    return out
+
+
+@dataclass(eq=False)
+class Slot:
+    """One chunk of one iteration being reduced here: our sum so far and who is in it."""
+
+    acc: np.ndarray | None = None
+    local: bool = False
+    got: set[int] = field(default_factory=set)
+
+
+# ---------------------------------------------------------------------------- scheduler
+class Forest(Scheduler):
+    name = "forest"
+    Params = ForestParams
+
+    def __init__(self, ctx: RoleContext, params: ForestParams):
+        super().__init__(ctx, params)
+        if len(ctx.workers) != ctx.num_workers:
+            raise ValueError(f"forest needs every worker's endpoint: got {len(ctx.workers)} for "
+                             f"{ctx.num_workers} workers")
+        self.n, self.rank = ctx.num_workers, ctx.rank
+        hosts = [w.host for w in ctx.workers]
+        self.replanner: Replanner | None = None
+        self.plans: list[dict[str, Any]] = []   # every plan's record: when, why, on what rates
+        if params.bandwidth == "measured" and self.n > 1:
+            graph, nodes, model = structure(ctx.topology, hosts)
+            self.replanner = Replanner(self, graph, nodes, model, params.probe_s, params.replan_threshold,
+                                       params.epsilon, assumed=graph is not ctx.topology)
+            self._fingerprint = zlib.crc32(json.dumps(["measured", hosts, skeleton(ctx.topology)]).encode())
+            self.peers = [p for p in range(self.n) if p != self.rank]   # any two may share a tree later
+            self._plan: ForestPlan | None = None
+            self.plan, self.trees, self.parent, self.children = {}, (), [], []
+        else:
+            topo = None if ctx.topology is None else json.dumps(ctx.topology, sort_keys=True)
+            plan = _cached_plan(topo, tuple(hosts), params.epsilon)
+            self._fingerprint = plan.digest()
+            self._set_plan(plan)
+            self.peers = sorted({p for p in self.parent if p >= 0} | {c for cs in self.children for c in cs})
+        self._failure = Failure(f"worker {self.rank}")
+        self._cv = self._failure.cv
+        self._ended: set[int] = set()          # peers that said BYE
+        self._gone: set[int] = set()           # peers whose receive thread has ended, for any reason
+        self._slots: dict[tuple[int, int, int], Slot] = {}
+        self._pending: dict[tuple[int, int], set[int]] = {}   # (key, it) -> chunks not averaged yet
+        self._pushed: dict[int, int] = {}
+        self._done: dict[int, int] = {}
+        self.conns: dict[int, Connection] = {}
+        self.outboxes: dict[int, Outbox] = {}
+
+    def _peer(self, rank: int) -> str:
+        ep = self.ctx.workers[rank]
+        return f"worker {rank} ({ep.host} {ep.ip}:{ep.port})"
+
+    # ------------------------------------------------------------------ setup
+    def info(self) -> dict[str, Any]:
+        trace = self.replanner.trace if self.replanner is not None else []
+        return {"plan": self.plan, "plans": self.plans, "allreduce_s": trace}
+
+    def _set_plan(self, plan: ForestPlan) -> None:
+        self._plan = plan
+        self.plan: dict[str, Any] = plan.to_dict()   # JSON: save it with the run
+        self.trees: tuple[Tree, ...] = plan.trees
+        self.parent = [t.parent[self.rank] for t in self.trees]
+        self.children = [t.children(self.rank) for t in self.trees]
+
+    def install(self, plan: ForestPlan, record: dict[str, Any]) -> None:
+        """A new plan from worker 0, between iterations (nothing in flight). Lock held."""
+        if self._pending or self._slots:
+            raise CommError(f"a new plan arrived with chunks of iterations {sorted(self._pending)} in flight")
+        self._set_plan(plan)
+        self.plans.append(record)
+        self.chunks = layout(list(self.specs.values()), [t.fraction for t in self.trees],
+                             self.params.chunk_numel, self.params.slice_chunks)
+        self._keys = sum(1 for c in self.chunks.values() if c)
+
+    def start(self, tensors: list[TensorSpec]) -> None:
+        self.specs = {t.key: t for t in tensors}
+        self.out = {t.key: np.empty(t.numel, np.float32) for t in tensors}
+        self._pushed = {t.key: -1 for t in tensors}
+        self._done = {t.key: -1 for t in tensors}
+        self._iter_left: dict[int, int] = {}     # iteration -> keys not averaged yet
+        self._last_it = 0                         # the latest iteration pushed (0: start() probes)
+        if self._plan is not None:
+            self.chunks = layout(tensors, [t.fraction for t in self.trees], self.params.chunk_numel,
+                                 self.params.slice_chunks)
+            self._keys = sum(1 for c in self.chunks.values() if c)
+        if self.peers:
+            self._connect()
+        if self.replanner is not None:
+            self.replanner.gradient_bits = 32.0 * sum(t.numel for t in tensors)
+            self.replanner.enter(0)
+
+    def _connect(self) -> None:
+        """Higher ranks connect to lower ones; both sides send HELLO (rank, number of workers,
+        plan fingerprint) and check the other's, so mismatched plans fail at once. Each
+        connection is read from as soon as it is up, so an ABORT during start-up ends it."""
+        deadline = time.monotonic() + self.ctx.connect_timeout_s
+        lower = [p for p in self.peers if p < self.rank]
+        higher = {p for p in self.peers if p > self.rank}
+        stop = threading.Event()
+        accept_errors: list[BaseException] = []
+        acceptor = None
+        if higher:
+            listener = listen("0.0.0.0", self.ctx.workers[self.rank].port)
+            acceptor = threading.Thread(target=self._accept, daemon=True, name="forest-accept",
+                                        args=(listener, higher, deadline, stop, accept_errors))
+            acceptor.start()
+        try:
+            for p in lower:
+                ep = self.ctx.workers[p]
+                conn = connect(ep.ip, ep.port, self._peer(p), max(deadline - time.monotonic(), 0.1))
+                try:
+                    conn.sock.settimeout(max(deadline - time.monotonic(), 0.1))
+                    self._hello(conn)
+                    self._check_hello(conn, conn.recv_header(), p)
+                    conn.sock.settimeout(None)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._attach(p, conn)
+                self._failure.check()
+            while acceptor is not None and acceptor.is_alive():
+                acceptor.join(0.2)
+                self._failure.check()
+            if accept_errors:
+                raise accept_errors[0]
+            self._failure.check()
+        except BaseException as e:
+            self._fail(str(e))          # first, so peers still connecting are told why; no-op after an ABORT
+            stop.set()
+            if acceptor is not None:
+                acceptor.join()
+            self._failure.check()
+            raise
+
+    def _accept(self, listener, expected: set[int], deadline: float, stop: threading.Event,
+                errors: list) -> None:
+        accepted: set[int] = set()
+        try:
+            while expected - accepted and not stop.is_set():
+                listener.settimeout(0.2)
+                try:
+                    sock, addr = listener.accept()
+                except TimeoutError:
+                    if time.monotonic() < deadline:
+                        continue
+                    missing = ", ".join(self._peer(p) for p in sorted(expected - accepted))
+                    raise CommError(f"{missing} never connected within {self.ctx.connect_timeout_s:.0f} s") from None
+                sock.settimeout(max(deadline - time.monotonic(), 0.1))
+                conn = Connection(sock, f"worker at {addr[0]}:{addr[1]}")
+                try:
+                    h = conn.recv_header()
+                    if h.kind != Kind.HELLO or h.sender not in expected - accepted:
+                        raise CommError(f"{conn.peer}: expected HELLO from one of workers "
+                                        f"{sorted(expected - accepted)}, got {h.kind.name} from {h.sender}")
+                    conn.peer = self._peer(h.sender)
+                    self._check_hello(conn, h, h.sender)
+                    self._hello(conn)
+                    sock.settimeout(None)
+                except BaseException as e:
+                    conn.abort(str(e), self.rank)   # the connecting side learns why
+                    raise
+                accepted.add(h.sender)
+                self._attach(h.sender, conn)
+        except BaseException as e:  # noqa: BLE001 - handed to start(), which fails loudly
+            errors.append(e)
+        try:
+            if expected - accepted:
+                reason = str(errors[0]) if errors else self._failure.reason
+                self._refuse_late(listener, reason or f"worker {self.rank} failed while starting",
+                                  min(deadline, time.monotonic() + LATE_REFUSAL_S), expected - accepted)
+        finally:
+            listener.close()
+
+    def _refuse_late(self, listener, reason: str, until: float, waiting: set[int]) -> None:
+        """After failing at start-up, answer peers that are still connecting with ABORT and the
+        reason for a moment, rather than closing the port on them: a refused connection only
+        says 'refused', and its worker would wait out its timeout to report that."""
+        waiting = set(waiting)
+        while waiting and time.monotonic() < until:
+            listener.settimeout(max(until - time.monotonic(), 0.01))
+            try:
+                sock, _addr = listener.accept()
+            except (TimeoutError, OSError):
+                return
+            conn = Connection(sock, "a late peer")
+            sock.settimeout(0.5)
+            try:
+                waiting.discard(conn.recv_header().sender)  # its HELLO: read, so closing sends FIN, not RST
+            except (OSError, CommError):
+                pass
+            conn.abort(reason, self.rank)
+
+    def _attach(self, p: int, conn: Connection) -> None:
+        """A connection that passed HELLO: give it an outbox and a receive thread."""
+        on_send = None
+        if self.ctx.trace:
+            def on_send(kind, key, chunk, it):   # partial sums up and averages down alike
+                self.event("send", key, chunk, it)
+        with self._cv:
+            self.conns[p] = conn
+            ob = self.outboxes[p] = Outbox(conn, lambda e: self._fail(str(e)), sender=self.rank, on_send=on_send)
+            failed = self._failure.reason
+        if failed is not None:   # we failed while this one was connecting: it must hear why
+            ob.abort(failed)
+            return
+        threading.Thread(target=self._receive, args=(p,), daemon=True, name=f"forest-recv-{p}").start()
+
+    def _hello(self, conn: Connection) -> None:
+        conn.send(Kind.HELLO, key=self.n, chunk=self._fingerprint, sender=self.rank)
+
+    def _check_hello(self, conn: Connection, h, rank: int) -> None:
+        if h.kind == Kind.ABORT:
+            raise CommError(conn.recv_text(h.nbytes) or f"{conn.peer} aborted")
+        if h.kind != Kind.HELLO or h.sender != rank or h.key != self.n:
+            raise CommError(f"{conn.peer}: expected HELLO from worker {rank} of {self.n}, "
+                            f"got {h.kind.name} from {h.sender} of {h.key}")
+        if h.chunk != self._fingerprint:
+            raise CommError(f"{conn.peer} computed a different forest plan (fingerprint {h.chunk:08x}, "
+                            f"ours {self._fingerprint:08x}): same code, parameters and capacity graph "
+                            "everywhere?")
+
+    # ------------------------------------------------------------------ API
+    def push(self, key: int, grad: np.ndarray, it: int) -> None:
+        grad = np.asarray(grad, np.float32).reshape(-1)
+        if grad.size != self.specs[key].numel:
+            raise ValueError(f"key {key}: pushed {grad.size} elements, expected {self.specs[key].numel}")
+        if self.replanner is not None and it > self._last_it:
+            self.replanner.enter(it)          # the first push of an iteration: a probe may be due
+            self._last_it = it
+        chunks = self.chunks[key]
+        with self._cv:
+            self._failure.check()
+            if it <= self._pushed[key]:
+                raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
+            self._pushed[key] = it
+            self._iter_left.setdefault(it, self._keys)
+            if self.replanner is not None:
+                self.replanner.pushed(it)
+            if not chunks:
+                self._done[key] = it
+                self._cv.notify_all()
+                return
+            self._pending[(key, it)] = set(range(len(chunks)))
+            for c, ch in enumerate(chunks):
+                self._add(key, c, it, -1, grad[ch.lo:ch.hi])
+
+    def wait(self, key: int, it: int) -> np.ndarray:
+        with self._cv:
+            if self._pushed[key] < it:
+                raise ValueError(f"wait({key}, {it}) before that gradient was pushed")
+            while self._done[key] < it:
+                self._failure.check()
+                culprit = self._needs_ended_peer(key, it)
+                if culprit is not None:
+                    break
+                self._cv.wait(1.0)
+            else:
+                return self.out[key]
+        reason = f"{self._peer(culprit)} ended its session (BYE) while iteration {it} still needed it"
+        self._fail(reason)
+        raise self._failure.error(reason)
+
+    def close(self) -> None:
+        """Finish what was pushed, then BYE to every peer and wait for theirs, so no byte in
+        flight is cut off. Closing with work unfinished is a failure (ABORT)."""
+        with self._cv:
+            if self._failure.closing:
+                return
+            self._cv.wait_for(lambda: self._failure.failed or not self._pending, self.ctx.connect_timeout_s)
+            failed = self._failure.failed
+            unfinished = not failed and bool(self._pending)
+            self._failure.closing = True
+        if unfinished:
+            self._abort(f"{self._peer(self.rank)} closed with iterations unfinished")
+            return
+        if failed:
+            return
+        for ob in self.outboxes.values():
+            ob.close()
+        with self._cv:
+            self._cv.wait_for(lambda: self._gone >= set(self.conns), self.ctx.connect_timeout_s)
+        for conn in self.conns.values():
+            conn.close()
+
+    # ------------------------------------------------------------------ data path
+    def _add(self, key: int, c: int, it: int, src: int, data: np.ndarray) -> None:
+        """Count one contribution to chunk c (src -1: our own gradient); when the last is in,
+        pass the sum up, or average it at the root. Called with the lock held."""
+        ch = self.chunks[key][c]
+        slot = self._slots.setdefault((key, c, it), Slot())
+        if src < 0:
+            slot.local = True
+        elif src in slot.got:
+            raise CommError(f"{self._peer(src)} sent chunk {key}/{c} of iteration {it} twice")
+        else:
+            slot.got.add(src)
+        if slot.acc is None:
+            slot.acc = data                     # ours to modify: pushed or freshly received
+        else:
+            slot.acc += data
+        if not slot.local or len(slot.got) < len(self.children[ch.tree]):
+            return
+        del self._slots[(key, c, it)]
+        parent = self.parent[ch.tree]
+        if parent >= 0:
+            self.outboxes[parent].put(self._order(key, ch, it), Kind.PUSH, key, c, it, slot.acc,
+                                      self.specs[key].priority)
+        else:
+            # A new array: the sum may live in the pushed gradient, which the worker may
+            # reuse once wait() returns, before this average has gone down the tree.
+            self._deliver(key, c, it, np.divide(slot.acc, np.float32(self.n)))
+
+    def _deliver(self, key: int, c: int, it: int, avg: np.ndarray) -> None:
+        """The average of chunk c: keep it and pass it down. Called with the lock held."""
+        ch = self.chunks[key][c]
+        pending = self._pending[(key, it)]
+        self.out[key][ch.lo:ch.hi] = avg
+        for child in self.children[ch.tree]:
+            self.outboxes[child].put(self._order(key, ch, it), Kind.RESULT, key, c, it, avg,
+                                     self.specs[key].priority)
+        pending.discard(c)
+        if not pending:
+            del self._pending[(key, it)]
+            self._done[key] = it
+            self._cv.notify_all()
+            self.event("recv", key, 0, it)
+            self._iter_left[it] -= 1
+            if not self._iter_left[it]:
+                del self._iter_left[it]
+                if self.replanner is not None:
+                    self.replanner.iteration_done(it)
+
+    def _order(self, key: int, ch: Chunk, it: int) -> tuple:
+        if not self.params.priority:
+            return (it,)  # the outbox breaks ties in the order frames were queued: first come, first sent
+        return (it, self.specs[key].priority, key, ch.pos, ch.tree)
+
+    def _receive(self, p: int) -> None:
+        conn = self.conns[p]
+        scratch = bytearray(PROBE_FRAME.nbytes)
+        try:
+            while True:
+                h = conn.recv_header()
+                if h.kind == Kind.ABORT:
+                    self._fail(conn.recv_text(h.nbytes) or f"{conn.peer} aborted")
+                    return
+                if h.kind == Kind.BYE:
+                    with self._cv:
+                        self._ended.add(p)
+                        self._cv.notify_all()
+                    return
+                if h.kind == Kind.PROBE:
+                    conn.recv_into(memoryview(scratch)[:h.nbytes])
+                    continue
+                if h.kind == Kind.CTRL and self.replanner is not None:
+                    msg = json.loads(conn.recv_text(h.nbytes))
+                    with self._cv:
+                        self.replanner.on_message(p, msg)
+                    continue
+                if self.replanner is not None and self.replanner.busy is not None:
+                    self.replanner.hold(h.it)   # a peer on the new plan: wait until we have it too
+                self._check_frame(conn, p, h)
+                data = conn.recv_array(h.nbytes)
+                with self._cv:
+                    if h.kind == Kind.PUSH:
+                        self._add(h.key, h.chunk, h.it, p, data)
+                    elif h.chunk in self._pending.get((h.key, h.it), ()):
+                        self._deliver(h.key, h.chunk, h.it, data)
+                    else:
+                        raise CommError(f"{conn.peer} sent the average of chunk {h.key}/{h.chunk} of "
+                                        f"iteration {h.it} twice or before we pushed it")
+        except BaseException as e:  # noqa: BLE001 - every failure ends the job, loudly
+            self._fail(str(e))
+        finally:
+            with self._cv:
+                self._gone.add(p)
+                self._cv.notify_all()
+
+    def _check_frame(self, conn: Connection, p: int, h) -> Chunk:
+        if h.kind not in (Kind.PUSH, Kind.RESULT) or h.key not in self.chunks or h.chunk >= len(self.chunks[h.key]):
+            raise CommError(f"{conn.peer} sent {h.kind.name} for chunk {h.key}/{h.chunk}, which does not exist")
+        ch = self.chunks[h.key][h.chunk]
+        if h.nbytes != (ch.hi - ch.lo) * 4:
+            raise CommError(f"{conn.peer} sent {h.nbytes} bytes for chunk {h.key}/{h.chunk} of {ch.hi - ch.lo} floats")
+        expected = p in self.children[ch.tree] if h.kind == Kind.PUSH else p == self.parent[ch.tree]
+        if not expected:
+            raise CommError(f"{conn.peer} sent {h.kind.name} for chunk {h.key}/{h.chunk} of tree {ch.tree}, "
+                            f"where it is not our {'child' if h.kind == Kind.PUSH else 'parent'}")
+        return ch
+
+    # ------------------------------------------------------------------ ending
+    def _needs_ended_peer(self, key: int, it: int) -> int | None:
+        """A peer that said BYE sends nothing more: if (key, it) still needs it, we never finish."""
+        if not self._ended:
+            return None
+        for c in self._pending.get((key, it), ()):
+            tree = self.chunks[key][c].tree
+            if self.parent[tree] in self._ended:
+                return self.parent[tree]
+            slot = self._slots.get((key, c, it))
+            for child in self.children[tree]:
+                if child in self._ended and (slot is None or child not in slot.got):
+                    return child
+        return None
+
+    def _fail(self, reason: str) -> None:
+        """The first failure wins: remember it, wake waiters, tell every peer."""
+        if self._failure.fail(reason):
+            self._abort(reason)
+
+    def _abort(self, reason: str) -> None:
+        with self._cv:
+            outboxes = list(self.outboxes.values())
+        for ob in outboxes:
+            ob.abort(reason)

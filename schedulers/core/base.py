@@ -1,0 +1,108 @@
+"""The worker-side scheduler interface every scheduler implements (docs/design.md).
+
+    start(tensors)        tensors: TensorSpec list; priority 0 = closest to the input
+    push(key, grad, it)   non-blocking: the gradient of `key` for iteration `it` is ready
+    wait(key, it) -> buf  block until the averaged gradient of `key` for `it` is in buf
+    close()
+
+Gradients are flat float32 numpy arrays, so the schedulers need no torch. A scheduler may
+keep the array it was pushed until that iteration's result is back: the worker hands
+over ownership (it drops its own reference to the gradient).
+"""
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+
+class SchedulerParams(BaseModel):
+    """Base of every scheduler's config section: unknown keys are errors.
+
+    `requires_servers`: whether the scheduler needs parameter-server roles (the PS family)
+    or runs among the workers alone (the collective family).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    requires_servers: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    key: int
+    name: str
+    numel: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    ip: str
+    port: int
+
+
+@dataclass(frozen=True)
+class RoleContext:
+    """What a worker knows about the job: who it is and whom it talks to.
+
+    workers[i].port is where worker i listens for its peers (collective schedulers).
+    iface is this role's network interface (`<host>-eth0` in Mininet, `lo` on loopback),
+    for libraries such as gloo that must be told which one to use.
+    trace: record scheduler events (see `Scheduler.event`).
+    """
+
+    rank: int
+    num_workers: int
+    servers: list[Endpoint]
+    workers: list[Endpoint] = field(default_factory=list)
+    topology: dict[str, Any] | None = None  # networkx node-link data with capacities
+    connect_timeout_s: float = 60.0
+    iface: str = "lo"
+    trace: bool = False
+
+
+class CommError(RuntimeError):
+    """A peer failed or closed its connection; the message names the peer."""
+
+
+class Scheduler(abc.ABC):
+    name: ClassVar[str]
+    Params: ClassVar[type[SchedulerParams]] = SchedulerParams
+
+    def __init__(self, ctx: RoleContext, params: SchedulerParams):
+        self.ctx = ctx
+        self.params = params
+        self.events: list[tuple[str, int, int, int, float]] = []
+
+    def event(self, what: str, key: int, chunk: int, it: int) -> None:
+        """Record (what, key, chunk, iteration, time.time()) when tracing is on; e.g. what =
+        "send" when a chunk's first byte is handed to the socket, "recv" when its result
+        arrives. The worker saves them as the run's events.parquet."""
+        if self.ctx.trace:
+            self.events.append((what, key, chunk, it, time.time()))
+
+    def info(self) -> dict[str, Any]:
+        """What the run should keep about this scheduler's decisions (e.g. forest's plan)."""
+        return {}
+
+    def tables(self) -> dict[str, dict[str, np.ndarray]]:
+        """Long tables the run should keep, as columns (traced PS runs: `tx_frames`, when
+        each data frame was ready and its bytes left the host; schedulers/transport/txstamps.py)."""
+        return {}
+
+    @abc.abstractmethod
+    def start(self, tensors: list[TensorSpec]) -> None: ...
+
+    @abc.abstractmethod
+    def push(self, key: int, grad: np.ndarray, it: int) -> None: ...
+
+    @abc.abstractmethod
+    def wait(self, key: int, it: int) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,491 @@
+"""Worker side of the parameter-server family.
+
+`PSBase` holds what every member shares: one connection and one priority outbox per server,
+a HELLO that names the server mode the scheduler speaks, a receive thread per server,
+`wait`, `close`, and failure handling (the first error is kept, every server is told why,
+and `wait` raises it). Two protocols build on it:
+
+- `PSScheduler` (push, ACK, pull). A gradient is cut into partitions (`CommTask`, after
+  ByteScheduler's ByteTask). Each waits in a priority queue until the credit window has
+  room, is pushed, holds its credit until its server ACKs, and is then pulled; the RESULT
+  lands straight in the output buffer. A subclass chooses the partition size, the credit
+  window and the priority order (`fifo`, `bytescheduler`).
+
+- `PushScheduler` (push, result comes back unasked): every slice goes straight into its
+  server's outbox, ordered by (iteration, layer priority, slice), and the server returns
+  the average of each slice as soon as every worker's copy is in. A subclass chooses the
+  slice size and which server gets which slice (`p3`, `mercury`).
+
+Every member's params derive from `PSParams`, whose `startup_us` models a per-message
+start-up cost (the Mercury paper's "startup time slot inserted before every tensor
+partition"). A message is one communication request of the scheduler: each PUSH and each
+PULL of `PSScheduler` (a whole tensor for fifo, a partition for bytescheduler), and for a
+`PushScheduler` whatever its `starts_message` hook says (each slice for p3; for mercury
+only a tensor's first packet on each server connection, its other packets being segments
+of the same stream). The send thread of each server connection waits that long after
+picking a frame that starts a message and before writing it (`StartupCost`). Nothing else
+goes out on that connection meanwhile, so the cost serialises per connection as a real
+per-message cost does; connections to different servers pay theirs in parallel. It is a
+sleep, not a busy loop, so it costs no CPU that training could use. The servers' ACKs and
+RESULTs pay nothing. Default 0: only what this transport and Python really cost per message.
+"""
+from __future__ import annotations
+
+import abc
+import functools
+import heapq
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+from pydantic import Field, model_serializer
+
+from contracts.tx_frames import summary
+from schedulers.core.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.core.failure import Failure
+from schedulers.transport.connection import (
+    HOST_QUEUE_S,
+    PRIORITY_QUEUE_S,
+    Connection,
+    Header,
+    Kind,
+    Mode,
+    Outbox,
+    abort_all,
+    connect,
+)
+from schedulers.transport.txstamps import TxStamps, merge
+
+
+def assign_servers(slots: list[tuple[int, int, int]], num_servers: int) -> dict[tuple[int, int], int]:
+    """Spread (key, chunk, numel) slots over servers, balanced by bytes: largest first, to the
+    least loaded server. Deterministic, so every worker computes the same map."""
+    load = [0] * num_servers
+    out: dict[tuple[int, int], int] = {}
+    for key, chunk, numel in sorted(slots, key=lambda s: (-s[2], s[0], s[1])):
+        s = min(range(num_servers), key=lambda i: (load[i], i))
+        out[(key, chunk)] = s
+        load[s] += numel
+    return out
+
+
+def chunk_sizes(numel: int, step: int | None) -> list[int]:
+    """Sizes of the slices of a `numel`-element tensor cut every `step` (None: whole)."""
+    step = step or max(numel, 1)
+    return [min(step, numel - off) for off in range(0, max(numel, 1), step)]
+
+
+class PSParams(SchedulerParams):
+    """What every member of the parameter-server family accepts. `startup_us` is left out of
+    the dump while it is 0, so the resolved configs, and the run ids hashed from them, of
+    runs made before it existed do not change (a sweep still resumes)."""
+
+    startup_us: float = Field(
+        default=0.0, ge=0, le=1_000_000, allow_inf_nan=False,
+        description="start-up cost per message, microseconds: the worker's send thread waits this long "
+                    "before writing each PUSH and PULL frame (0: only the transport's real cost)")
+
+    @model_serializer(mode="wrap")
+    def _without_zero_startup(self, handler):
+        d = handler(self)
+        if not self.startup_us:
+            d.pop("startup_us", None)
+        return d
+
+
+class StartupCost:
+    """The modelled start-up cost of one connection's messages, paid by its send thread.
+
+    `pay()` waits `seconds` less whatever the previous waits overshot (time.sleep wakes tens
+    of microseconds late), so after n messages `waited_s` is at least n x seconds and exceeds
+    it by at most one wake-up's lateness: small costs are not inflated by sleep's
+    granularity. Only the connection's one send thread calls it.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.messages = 0
+        self.waited_s = 0.0
+        self._owed = 0.0
+
+    def pay(self) -> None:
+        self.messages += 1
+        self._owed += self.seconds
+        if self._owed > 0:
+            t0 = time.monotonic()
+            time.sleep(self._owed)
+            waited = time.monotonic() - t0
+            self.waited_s += waited
+            self._owed -= waited
+
+
+class PSBase(Scheduler):
+    """Connections, receive loops, wait/close and failure handling for the PS family."""
+
+    Params: ClassVar[type[SchedulerParams]] = PSParams
+    server_mode: ClassVar[Mode]
+    CLOSE_WAIT_S: ClassVar[float] = 10.0  # for the servers' BYE after ours
+
+    def __init__(self, ctx: RoleContext, params: SchedulerParams):
+        super().__init__(ctx, params)
+        self._failure = Failure()
+        self._cv = self._failure.cv
+        self._done_it: dict[int, int] = {}     # key -> last iteration whose result is complete
+        self.conns: list[Connection] = []
+        self.outboxes: list[Outbox] = []
+        self._threads: list[threading.Thread] = []
+        self.startup = [StartupCost(params.startup_us / 1e6) for _ in ctx.servers]  # one per server
+        self.stamps: list[TxStamps] = []  # traced: when each frame's bytes left (schedulers/transport/txstamps.py)
+
+    # ------------------------------------------------------------------ setup
+    def _connect(self) -> None:
+        hooked = self.ctx.trace or self.params.startup_us > 0
+        try:
+            for i, ep in enumerate(self.ctx.servers):
+                conn = connect(ep.ip, ep.port, f"server {i} ({ep.host} {ep.ip}:{ep.port})",
+                               self.ctx.connect_timeout_s)
+                conn.queue_s = PRIORITY_QUEUE_S
+                self.conns.append(conn)
+                conn.send(Kind.HELLO, key=self.ctx.num_workers, chunk=self.server_mode, sender=self.ctx.rank)
+                on_send = functools.partial(self._sending, i) if hooked else None
+                # Transmit stamps always (the host's queue bound); a row per frame when traced.
+                stamps = TxStamps.enable(conn.sock, peer=i, record=self.ctx.trace)
+                if stamps is not None and self.ctx.trace:
+                    self.stamps.append(stamps)
+                self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank, on_send=on_send, stamps=stamps,
+                                            host_queue_s=HOST_QUEUE_S))
+        except BaseException as e:
+            for conn in self.conns:
+                conn.abort(str(e), self.ctx.rank)
+            raise
+        self._threads = [threading.Thread(target=self._receive, args=(i,), daemon=True, name=f"recv-s{i}")
+                         for i in range(len(self.conns))]
+        for th in self._threads:
+            th.start()
+
+    def _sending(self, s: int, kind: Kind, key: int, chunk: int, it: int) -> None:
+        """Server s's send thread is about to write a frame: pay the start-up cost if the
+        frame starts a message, then trace a PUSH (its first byte goes to the socket now)."""
+        if kind in (Kind.PUSH, Kind.PULL) and self.startup[s].seconds and self._starts_message(key, chunk):
+            self.startup[s].pay()
+        if kind == Kind.PUSH:
+            self.event("send", key, chunk, it)
+
+    def _starts_message(self, key: int, chunk: int) -> bool:
+        """Whether the PUSH or PULL frame of (key, chunk) starts a message, one that pays the
+        start-up cost. Here every one does: each is a request of its own."""
+        return True
+
+    def info(self) -> dict:
+        """With a start-up cost: the cost, the messages that paid it and the time waited.
+        Traced: `tx`, this worker's priority-inversion figures (contracts/tx_frames.py `summary`)."""
+        out = {}
+        if self.params.startup_us:
+            out.update({"startup_us": self.params.startup_us,
+                        "startup_messages": sum(c.messages for c in self.startup),
+                        "startup_waited_s": sum(c.waited_s for c in self.startup)})
+        if self.stamps:
+            out["tx"] = summary(merge(self.stamps)["inversion_s"])
+        return out
+
+    def tables(self) -> dict:
+        """Traced: `tx_frames`, one row per PUSH frame (schedulers/transport/txstamps.py)."""
+        return {"tx_frames": merge(self.stamps)} if self.stamps else {}
+
+    # ------------------------------------------------------------------ API
+    def wait(self, key: int, it: int) -> np.ndarray:
+        with self._cv:
+            while self._done_it.get(key, -1) < it:
+                self._failure.check()
+                self._cv.wait(timeout=1.0)
+            return self.out[key]
+
+    def close(self) -> None:
+        with self._cv:
+            self._failure.closing = True
+            failed = self._failure.failed
+            self._cv.notify_all()
+        if not failed:
+            for ob in self.outboxes:
+                ob.close()
+            # Each server answers our BYE with its own once it has sent us everything.
+            for th in self._threads:
+                th.join(self.CLOSE_WAIT_S)
+        for conn in self.conns:
+            conn.close()
+
+    # ------------------------------------------------------------------ failure
+    def _fail(self, err: BaseException) -> None:
+        """Keep the first error, wake `wait`, and tell every server why we stop."""
+        if self._failure.fail(str(err)):
+            abort_all(self.outboxes, str(err))  # the server prefixes our name
+
+    # ------------------------------------------------------------------ receive
+    def _receive(self, s: int) -> None:
+        conn = self.conns[s]
+        try:
+            while True:
+                h = conn.recv_header()
+                if h.kind == Kind.BYE:
+                    if not self._failure.closing:
+                        raise CommError(f"{conn.peer} ended the session early")
+                    return
+                if h.kind == Kind.ABORT:
+                    raise CommError(f"{conn.peer} reports: {conn.recv_text(h.nbytes)}")
+                self._on_frame(s, conn, h)
+        except BaseException as e:  # noqa: BLE001
+            self._fail(e)
+
+    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+        raise NotImplementedError
+
+    def _complete(self, key: int, it: int) -> None:
+        """Caller holds self._cv: key's result for `it` is entirely in self.out[key]."""
+        self._done_it[key] = it
+        self._cv.notify_all()
+
+
+# ====================================================================== push, ACK, pull
+@dataclass(eq=False)
+class CommTask:
+    """One partition of one tensor's gradient for one iteration.
+
+    It has no state field: where it is kept says where it is (the priority queue until it
+    is pushed, `_inflight` until its result is in), and the frames that arrive (ACK, RESULT)
+    are the only transitions. ByteScheduler's tasks carry explicit states because its core
+    drives several engines through callbacks; here a state would only mirror those two
+    containers.
+    """
+
+    key: int
+    it: int
+    priority: int
+    data: np.ndarray          # the slice of the gradient to push
+    chunk: int = 0
+    offset: int = 0
+    seq: int = 0              # order in which push() saw the gradient: readiness order
+    server: int = 0
+    order: tuple = field(default=())
+
+    @property
+    def numel(self) -> int:
+        return int(self.data.size)
+
+
+class PSScheduler(PSBase):
+    """Push, ACK, pull. A subclass overrides these hooks, each read once in `start`:
+
+    partition_numel()  elements per partition, the unit of one push and one pull request.
+                       Default None: whole tensors.
+    credit_numel()     elements pushed but not yet acknowledged, at most (with nothing in
+                       flight, a partition goes out whatever its size). Default None: no
+                       window.
+    order(task)        the priority queue's sort key, lowest first. No default.
+    wire_order(task)   the order of the task's PUSH and PULL frames in their server's outbox,
+                       lowest first. Default: order(task), so a PULL overtakes the pushes of
+                       worse tasks not yet handed to the kernel. `fifo` returns one constant:
+                       the outbox then sends in the order the frames were queued.
+    """
+
+    server_mode = Mode.PULL
+
+    def partition_numel(self) -> int | None:
+        return None
+
+    def credit_numel(self) -> int | None:
+        return None
+
+    @abc.abstractmethod
+    def order(self, task: CommTask) -> tuple: ...
+
+    def wire_order(self, task: CommTask) -> tuple:
+        return task.order
+
+    def __init__(self, ctx: RoleContext, params: SchedulerParams):
+        super().__init__(ctx, params)
+        self._queue: list = []
+        self._inflight: dict[tuple[int, int, int], CommTask] = {}
+        self._inflight_numel = 0
+        self._pending: dict[int, int] = {}     # key -> chunks of its latest push not finished
+        self._seq = itertools.count()
+
+    def start(self, tensors: list[TensorSpec]) -> None:
+        self.tensors = {t.key: t for t in tensors}
+        self.out = {t.key: np.empty(t.numel, dtype=np.float32) for t in tensors}
+        self._partition, self._credit = self.partition_numel(), self.credit_numel()
+        slots = [(t.key, c, n) for t in tensors for c, n in enumerate(chunk_sizes(t.numel, self._partition))]
+        self.server_of = assign_servers(slots, len(self.ctx.servers))
+        self._connect()
+        dispatch = threading.Thread(target=self._dispatch, daemon=True, name="dispatch")
+        dispatch.start()
+
+    def push(self, key: int, grad: np.ndarray, it: int) -> None:
+        parts = self._partitions(key, grad.reshape(-1), it)
+        with self._cv:
+            self._failure.check()
+            self._pending[key] = len(parts)
+            for p in parts:
+                heapq.heappush(self._queue, (p.order, p.seq, p.chunk, p))
+            self._cv.notify_all()
+
+    def _partitions(self, key: int, flat: np.ndarray, it: int) -> list[CommTask]:
+        """The gradient cut every partition_numel elements, each task with its server and order."""
+        priority, seq = self.tensors[key].priority, next(self._seq)
+        step = self._partition or max(flat.size, 1)
+        parts = []
+        for chunk, off in enumerate(range(0, max(flat.size, 1), step)):
+            task = CommTask(key=key, it=it, priority=priority, data=flat[off:off + step], chunk=chunk,
+                            offset=off, seq=seq, server=self.server_of[(key, chunk)])
+            task.order = self.order(task)
+            parts.append(task)
+        return parts
+
+    def _dispatch(self) -> None:
+        """Move queued tasks to their server in priority order while credit allows."""
+        f = self._failure
+        while True:
+            with self._cv:
+                while not (f.closing or f.failed or self._may_send()):
+                    self._cv.wait()
+                if f.closing or f.failed:
+                    return
+                task: CommTask = heapq.heappop(self._queue)[3]
+                self._inflight[(task.key, task.chunk, task.it)] = task
+                self._inflight_numel += task.numel
+            self.outboxes[task.server].put(self.wire_order(task), Kind.PUSH, task.key, task.chunk, task.it,
+                                           task.data, priority=task.priority)
+
+    def _may_send(self) -> bool:
+        """The best queued task fits the credit window (caller holds self._cv)."""
+        if not self._queue:
+            return False
+        credit, inflight = self._credit, self._inflight_numel
+        return credit is None or inflight == 0 or inflight + self._queue[0][3].numel <= credit
+
+    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+        with self._cv:
+            task = self._inflight.get((h.key, h.chunk, h.it))
+        if task is None:
+            raise CommError(f"{conn.peer} sent {h.kind.name} for unknown slot {h.key}/{h.chunk}/it {h.it}")
+        if h.kind == Kind.ACK:
+            self._acked(task)
+            self.outboxes[s].put(self.wire_order(task), Kind.PULL, task.key, task.chunk, task.it,
+                                 priority=task.priority)
+        elif h.kind == Kind.RESULT:
+            if h.nbytes != task.numel * 4:
+                raise CommError(f"{conn.peer} sent {h.nbytes} bytes for a {task.numel}-element slice")
+            conn.recv_into(memoryview(self.out[task.key][task.offset:task.offset + task.numel]))
+            self.event("recv", task.key, task.chunk, task.it)
+            self._finish(task)
+        else:
+            raise CommError(f"{conn.peer} sent unexpected {h.kind.name}")
+
+    def _acked(self, task: CommTask) -> None:
+        # Credit is returned when the server has the push, not when the pull completes:
+        # the pull waits for the slowest worker, and workers that started different
+        # partitions would otherwise each hold credit the others wait for (deadlock).
+        with self._cv:
+            self._inflight_numel -= task.numel
+            self._cv.notify_all()
+
+    def _finish(self, task: CommTask) -> None:
+        with self._cv:
+            task.data = task.data[:0]  # drop the reference to the gradient
+            del self._inflight[(task.key, task.chunk, task.it)]
+            self._pending[task.key] -= 1
+            if self._pending[task.key] == 0:
+                self._complete(task.key, task.it)
+
+
+# ====================================================================== push, result unasked
+@dataclass(eq=False)
+class KeyState:
+    """One tensor's slices and which of its latest push's results are back."""
+
+    priority: int
+    step: int                 # elements per slice (the last one may be shorter)
+    sizes: list[int]
+    servers: list[int]        # server of each slice
+    starts: list[bool]        # whether each slice's push starts a message (pays the start-up cost)
+    it: int = -1
+    missing: int = 0
+    got: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+
+class PushScheduler(PSBase):
+    """The server answers each push with the slice's average: no ACK, no PULL, no credit.
+    Priority acts twice: the per-server outbox always sends its best (iteration, layer
+    priority, slice) next, and the server orders its sends the same way. A subclass sets
+    `server_mode` and overrides these hooks, each read once in `start`:
+
+    slice_numel()           elements per slice, the unit of one push and one result. No
+                            default.
+    layout(tensors, sizes)  key -> the server of each of its slices. No default.
+    starts_message(servers) given the server of each of a tensor's slices, whether each
+                            slice's push starts a message, paying the modelled start-up cost
+                            (`startup_us`). Default: every slice (each is a request of its
+                            own, as P3's). Pushes go out in slice order per server, so a
+                            slice that starts a message is written before the ones it covers.
+    """
+
+    @abc.abstractmethod
+    def slice_numel(self) -> int: ...
+
+    @abc.abstractmethod
+    def layout(self, tensors: list[TensorSpec], sizes: dict[int, list[int]]) -> dict[int, list[int]]: ...
+
+    def starts_message(self, servers: list[int]) -> list[bool]:
+        return [True] * len(servers)
+
+    def start(self, tensors: list[TensorSpec]) -> None:
+        self.out = {t.key: np.empty(t.numel, dtype=np.float32) for t in tensors}
+        step = self.slice_numel()
+        sizes = {t.key: chunk_sizes(t.numel, step) for t in tensors}
+        servers = self.layout(tensors, sizes)
+        self._keys = {t.key: KeyState(t.priority, step, sizes[t.key], servers[t.key],
+                                      self.starts_message(servers[t.key]),
+                                      got=np.zeros(len(sizes[t.key]), bool)) for t in tensors}
+        self._connect()
+
+    def _starts_message(self, key: int, chunk: int) -> bool:
+        return self._keys[key].starts[chunk]
+
+    def push(self, key: int, grad: np.ndarray, it: int) -> None:
+        st = self._keys[key]
+        flat = grad.reshape(-1)
+        with self._cv:
+            self._failure.check()
+            if st.missing:
+                raise CommError(f"key {key}: iteration {it} pushed before iteration {st.it} came back")
+            st.it, st.missing = it, len(st.sizes)
+            st.got[:] = False
+        batches: dict[int, list[tuple]] = {}
+        for c, n in enumerate(st.sizes):
+            off = c * st.step
+            batches.setdefault(st.servers[c], []).append(
+                ((it, st.priority, c), Kind.PUSH, key, c, it, flat[off:off + n], st.priority, None))
+        for s, frames in batches.items():
+            self.outboxes[s].put_many(frames)
+
+    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+        st = self._keys.get(h.key)
+        if h.kind != Kind.RESULT or st is None:
+            raise CommError(f"{conn.peer} sent unexpected {h.kind.name} for key {h.key}")
+        c = h.chunk
+        with self._cv:
+            ok = (h.it == st.it and st.missing and 0 <= c < len(st.sizes) and not st.got[c]
+                  and st.servers[c] == s and h.nbytes == 4 * st.sizes[c])
+        if not ok:
+            raise CommError(f"{conn.peer} sent an unexpected result: key {h.key} slice {c} it {h.it}, "
+                            f"{h.nbytes} bytes")
+        off = c * st.step
+        conn.recv_into(memoryview(self.out[h.key][off:off + st.sizes[c]]))
+        self.event("recv", h.key, c, h.it)
+        with self._cv:
+            st.got[c] = True
+            st.missing -= 1
+            if st.missing == 0:
+                self._complete(h.key, h.it)

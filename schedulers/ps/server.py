@@ -1,0 +1,387 @@
+"""The parameter-server process of the whole PS family: sums pushes slot by slot.
+
+A slot is (key, chunk, iteration): one slice that every worker pushes once. Each push is
+received (`recv_into`) into a buffer from a pool that recycles buffers of the same size, so
+after the first iteration nothing is allocated; the first push of a slot becomes its
+running sum and the others are added into it. Once every worker's copy is in, the sum is
+divided by the number of workers. What happens around that is the server's `Mode`:
+
+    PULL       ACK each push; answer each PULL as soon as its slot is complete, first come,
+               first served (fifo, bytescheduler; see below)
+    QUEUED     receive threads put pushes into one priority queue ordered by (iteration,
+               layer priority, slice); one thread sums them in that order and sends each
+               complete slot to every worker unasked (p3: the server's busy time goes to
+               the layers the next forward pass needs first)
+    IMMEDIATE  each push is summed by its receive thread on arrival, and the slot is sent
+               to every worker the moment its last copy is in, so push and pull overlap
+               packet by packet (mercury)
+
+Every worker connection has its own receive thread and its own outbox, so one slow worker
+link never stalls the others. What the outbox sends first depends on the mode:
+
+- PULL: the order in which the requests arrived. Each PUSH and each PULL is stamped with a
+  server-wide arrival number as it is read; the ACK of a push carries its push's number, the
+  RESULT of a pull its PULL's number (a PULL that came before its slot was complete keeps
+  its place), and the outbox sends the lowest first. This is what ps-lite's server does, and
+  ByteScheduler keeps that server: its priority lives at the worker (the order in which it
+  pushes and pulls, and the credit), so bytescheduler gets arrival order too. Before
+  issue 12 the answers were ordered by (iteration, key, slice): keys follow the forward
+  order, so fifo's server answered the layers nearest the input first, a priority that
+  fifo does not have.
+- QUEUED and IMMEDIATE: (iteration, layer priority, slice), the server-side priority of p3
+  and mercury by design.
+
+The workers' HELLO names the mode they speak; `python -m workloads.server SPEC.json`
+takes the mode from the spec's `scheduler` entry and refuses workers that speak another
+(`ParameterServer(mode=None)`, used in-process by tests, adopts the workers' mode).
+
+Failure: a worker that disconnects without BYE, or reports an ABORT, ends the server; every
+other worker is sent an ABORT that names the dead peer, so no role waits forever.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from contracts import tx_frames
+from contracts.role_spec import RoleSpec
+from schedulers.core.base import CommError
+from schedulers.core.progress import ProgressReporter
+from schedulers.transport.connection import (
+    HOST_QUEUE_S,
+    PRIORITY_QUEUE_S,
+    Connection,
+    Header,
+    Kind,
+    Mode,
+    Outbox,
+    abort_all,
+    listen,
+)
+from schedulers.transport.txstamps import TxStamps, merge, save
+
+MAX_FRAME_BYTES = 1 << 31  # a bigger push is a protocol error, not an allocation
+
+
+class BufferPool:
+    """Free float32 arrays by size: receive buffers and sums are taken here and given back
+    once written out, so steady-state iterations neither allocate nor page-fault."""
+
+    def __init__(self):
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+        self.allocated = 0  # arrays ever created: flat after the first iterations
+
+    def take(self, numel: int) -> np.ndarray:
+        with self._lock:
+            free = self._free.get(numel)
+            if free:
+                return free.pop()
+            self.allocated += 1
+        return np.empty(numel, dtype=np.float32)
+
+    def give(self, arr: np.ndarray) -> None:
+        with self._lock:
+            self._free.setdefault(arr.size, []).append(arr)
+
+
+@dataclass
+class Slot:
+    total: np.ndarray | None = None
+    ranks: int = 0                                      # bit r: worker r's push is in
+    result: np.ndarray | None = None
+    waiting: list[tuple[int, int]] = field(default_factory=list)  # PULL mode: (rank, arrival) of early PULLs
+    served: int = 0                                     # PULL mode: results handed to outboxes
+    priority: int = 0
+    sent: Callable[[], None] | None = None              # PULL mode: see _releaser
+
+
+class ParameterServer:
+    def __init__(self, rank: int, num_workers: int, listen_ip: str, port: int,
+                 accept_timeout_s: float = 60.0, log=None, mode: Mode | None = None, trace: bool = False):
+        self.rank = rank
+        self.num_workers = num_workers
+        self.mode = mode
+        self.sock = listen(listen_ip, port)
+        self.sock.settimeout(accept_timeout_s)
+        self.accept_timeout_s = accept_timeout_s
+        self.slots: dict[tuple[int, int, int], Slot] = {}
+        self.lock = threading.Lock()   # the slot table; held while summing
+        self.pool = BufferPool()
+        self._sent_lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.culprit: int | None = None
+        self.done = threading.Event()
+        self.byes = 0
+        self.conns: dict[int, Connection] = {}
+        self.outboxes: dict[int, Outbox] = {}
+        self.queue: list = []                      # QUEUED mode: received pushes by priority
+        self.queue_cv = threading.Condition()
+        self._seq = itertools.count()
+        self._arrival = itertools.count()          # PULL mode: requests in the order they are read
+        self.trace = trace
+        self.events: list[tuple[str, int, int, int, float]] = []
+        self.stamps: list[TxStamps] = []  # traced: when each RESULT's bytes left (schedulers/transport/txstamps.py)
+        self.log = log or (lambda msg: print(f"[server {rank}] {msg}", file=sys.stderr, flush=True))
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    def event(self, what: str, key: int, chunk: int, it: int) -> None:
+        """As `Scheduler.event`: "recv" (a push arrived), "done" (a slot is averaged), "send"
+        (a result is handed to the socket)."""
+        if self.trace:
+            self.events.append((what, key, chunk, it, time.time()))
+
+    # ------------------------------------------------------------------ main
+    def serve(self) -> None:
+        try:
+            self._accept_all()
+            self.log(f"{self.num_workers} workers connected, mode {self.mode.name}")
+            for rank in self.conns:
+                threading.Thread(target=self._receive, args=(rank,), daemon=True, name=f"recv-w{rank}").start()
+            if self.mode == Mode.QUEUED:
+                threading.Thread(target=self._process_queue, daemon=True, name="queue").start()
+            self.done.wait()
+            if self.error is not None:
+                raise self.error
+            self.log("all workers said BYE; done")
+        except BaseException as e:
+            err = e if isinstance(e, CommError) else CommError(f"{type(e).__name__}: {e}")
+            self._abort_all(str(err))
+            raise CommError(f"server {self.rank}: {err}") from None
+        finally:
+            for c in self.conns.values():
+                c.close()
+            self.sock.close()
+            self.done.set()
+
+    def _accept_all(self) -> None:
+        while len(self.conns) < self.num_workers:
+            try:
+                sock, addr = self.sock.accept()
+            except TimeoutError:
+                missing = self.num_workers - len(self.conns)
+                raise CommError(f"{missing} worker(s) never connected within {self.accept_timeout_s:.0f} s") from None
+            sock.settimeout(self.accept_timeout_s)  # a silent peer must not block the handshake
+            conn = Connection(sock, f"worker at {addr[0]}:{addr[1]}")
+            conn.queue_s = PRIORITY_QUEUE_S
+            try:
+                h = conn.recv_header()
+            except CommError:
+                conn.close()
+                raise
+            sock.settimeout(None)
+            if h.kind != Kind.HELLO or h.key != self.num_workers or h.sender >= self.num_workers \
+                    or h.sender in self.conns:
+                conn.close()
+                raise CommError(f"{conn.peer}: expected HELLO from a new rank < {self.num_workers} in a job of "
+                                f"{self.num_workers} workers, got {h.kind.name} from rank {h.sender} for {h.key}")
+            conn.peer = f"worker {h.sender} ({addr[0]})"
+            self.conns[h.sender] = conn
+            try:
+                mode = Mode(h.chunk)
+            except ValueError:
+                raise CommError(f"{conn.peer} asks for unknown server mode {h.chunk}") from None
+            if self.mode is None:
+                self.mode = mode
+            elif mode != self.mode:
+                raise CommError(f"{conn.peer} speaks {mode.name} but this server runs {self.mode.name}")
+            on_send = self._trace_send if self.trace else None
+            # Transmit stamps always (the host's queue bound, as the workers'); rows when traced.
+            stamps = TxStamps.enable(conn.sock, peer=h.sender, record=self.trace)
+            if stamps is not None and self.trace:
+                self.stamps.append(stamps)
+            self.outboxes[h.sender] = Outbox(conn, lambda e, r=h.sender: self._fail(e, r),
+                                             sender=self.rank, on_send=on_send, stamps=stamps,
+                                             host_queue_s=HOST_QUEUE_S)
+
+    def _trace_send(self, kind: Kind, key: int, chunk: int, it: int) -> None:
+        if kind == Kind.RESULT:
+            self.event("send", key, chunk, it)
+
+    # ------------------------------------------------------------------ failure
+    def _fail(self, err: BaseException, culprit: int | None = None) -> None:
+        with self.lock:
+            if self.error is None and not self.done.is_set():
+                self.error, self.culprit = err, culprit
+        self.done.set()
+        with self.queue_cv:
+            self.queue_cv.notify_all()
+
+    def _abort_all(self, reason: str) -> None:
+        """Tell every live worker why we stop (the dead one is just closed)."""
+        if self.culprit in self.outboxes:
+            self.outboxes[self.culprit].conn.close()
+        abort_all([ob for rank, ob in self.outboxes.items() if rank != self.culprit], reason)
+        for rank, conn in self.conns.items():
+            if rank not in self.outboxes:
+                conn.abort(reason, self.rank)
+
+    # ------------------------------------------------------------------ per worker
+    def _receive(self, rank: int) -> None:
+        conn = self.conns[rank]
+        try:
+            while True:
+                h = conn.recv_header()
+                if h.kind == Kind.PUSH:
+                    if h.nbytes % 4 or h.nbytes > MAX_FRAME_BYTES:
+                        raise CommError(f"{conn.peer} pushed a {h.nbytes}-byte payload")
+                    data = self.pool.take(h.nbytes // 4)
+                    conn.recv_into(memoryview(data))
+                    self.event("recv", h.key, h.chunk, h.it)
+                    self._pushed(rank, h, data)
+                elif h.kind == Kind.PULL and self.mode == Mode.PULL:
+                    self._pull((h.key, h.chunk, h.it), rank, next(self._arrival))
+                elif h.kind == Kind.BYE:
+                    self._bye(rank)
+                    return
+                elif h.kind == Kind.ABORT:
+                    raise CommError(f"{conn.peer} reports: {conn.recv_text(h.nbytes)}")
+                else:
+                    raise CommError(f"{conn.peer} sent unexpected {h.kind.name}")
+        except BaseException as e:  # noqa: BLE001
+            self._fail(e, rank)
+
+    def _pushed(self, rank: int, h: Header, data: np.ndarray) -> None:
+        if self.mode == Mode.PULL:
+            arrival = next(self._arrival)
+            self._add(rank, h, data)
+            self.outboxes[rank].put((arrival,), Kind.ACK, h.key, h.chunk, h.it)
+        elif self.mode == Mode.QUEUED:
+            with self.queue_cv:
+                heapq.heappush(self.queue, ((h.it, h.priority, h.chunk), next(self._seq), rank, h, data))
+                self.queue_cv.notify()
+        else:
+            self._add(rank, h, data)
+
+    def _bye(self, rank: int) -> None:
+        # The worker has every result it waited for: flush what is queued to it, answer BYE.
+        self.outboxes[rank].close()
+        with self.lock:
+            self.byes += 1
+            if self.byes == self.num_workers:
+                self.done.set()
+
+    def _process_queue(self) -> None:
+        """QUEUED mode: sum received pushes best priority first."""
+        try:
+            while True:
+                with self.queue_cv:
+                    while not self.queue and not self.done.is_set():
+                        self.queue_cv.wait()
+                    if self.done.is_set():
+                        return
+                    _, _, rank, h, data = heapq.heappop(self.queue)
+                self._add(rank, h, data)
+        except BaseException as e:  # noqa: BLE001
+            self._fail(e)
+
+    # ------------------------------------------------------------------ slots
+    def _add(self, rank: int, h: Header, data: np.ndarray) -> None:
+        slot_id = (h.key, h.chunk, h.it)
+        with self.lock:
+            slot = self.slots.setdefault(slot_id, Slot())
+            if slot.ranks >> rank & 1:
+                raise CommError(f"worker {rank} pushed key {h.key} slice {h.chunk} it {h.it} twice")
+            slot.ranks |= 1 << rank
+            if slot.total is None:
+                slot.total = data
+            else:
+                if slot.total.size != data.size:
+                    raise CommError(f"key {h.key} slice {h.chunk} it {h.it}: sizes differ "
+                                    f"({slot.total.size} vs {data.size})")
+                slot.total += data
+                self.pool.give(data)
+            if slot.ranks.bit_count() < self.num_workers:
+                return
+            slot.total /= self.num_workers
+            slot.result, slot.total = slot.total, None
+            self.event("done", h.key, h.chunk, h.it)
+            if self.mode == Mode.PULL:
+                slot.priority, slot.sent = h.priority, self._releaser(slot.result)
+                for r, arrival in slot.waiting:
+                    self._send_result(slot_id, slot, r, arrival)
+                slot.waiting.clear()
+            else:
+                del self.slots[slot_id]
+                self._broadcast(slot_id, slot.result, h.priority)
+
+    def _broadcast(self, slot_id: tuple[int, int, int], result: np.ndarray, priority: int) -> None:
+        """Send a complete slot to every worker unasked (QUEUED, IMMEDIATE)."""
+        key, chunk, it = slot_id
+        sent = self._releaser(result)
+        for ob in self.outboxes.values():
+            ob.put((it, priority, chunk), Kind.RESULT, key, chunk, it, result, priority, on_sent=sent)
+
+    def _releaser(self, result: np.ndarray):
+        """A callback for each of the num_workers sends of `result`: the last one gives the
+        buffer back to the pool (it has been copied into every socket by then)."""
+        left = [self.num_workers]
+
+        def sent() -> None:
+            with self._sent_lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            self.pool.give(result)
+        return sent
+
+    def _pull(self, slot_id: tuple[int, int, int], rank: int, arrival: int) -> None:
+        with self.lock:
+            slot = self.slots.setdefault(slot_id, Slot())
+            if slot.result is None:
+                slot.waiting.append((rank, arrival))
+            else:
+                self._send_result(slot_id, slot, rank, arrival)
+
+    def _send_result(self, slot_id, slot: Slot, rank: int, arrival: int) -> None:
+        """PULL mode, answered in the order the PULLs arrived; caller holds self.lock."""
+        key, chunk, it = slot_id
+        self.outboxes[rank].put((arrival,), Kind.RESULT, key, chunk, it, slot.result, slot.priority,
+                                on_sent=slot.sent)
+        slot.served += 1
+        if slot.served == self.num_workers:
+            del self.slots[slot_id]  # the outboxes still hold the array until it is sent
+
+
+def main(argv: list[str], server_mode: Callable[[str], Mode]) -> int:
+    """The server role's process (`python -m workloads.server SPEC.json`); `server_mode` gives the
+    mode a scheduler's workers speak (the registry's, which sits above this package)."""
+    if len(argv) != 1:
+        print("usage: python -m workloads.server ROLE_SPEC.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        spec = RoleSpec.model_validate_json(f.read())
+    t0 = time.monotonic()
+    # The watchdog's view of this server: its bytes per connection (emu/run/watchdog.py).
+    reporter = ProgressReporter(spec.out_dir, spec.name, phase="serving").start() if spec.out_dir else None
+    try:
+        mode = server_mode(spec.scheduler.name)
+        ps = ParameterServer(spec.rank, len(spec.workers), "0.0.0.0", spec.address.port,
+                             accept_timeout_s=spec.connect_timeout_s, mode=mode, trace=spec.trace)
+        ps.serve()
+    except CommError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    if ps.trace and spec.out_dir:
+        if ps.stamps:   # before the JSON: a role's records are complete once its JSON is there
+            save(os.path.join(spec.out_dir, f"server{ps.rank}{tx_frames.SUFFIX}"), merge(ps.stamps))
+        path = os.path.join(spec.out_dir, f"server{ps.rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"events": ps.events}, f)
+        os.replace(path + ".tmp", path)
+    if reporter is not None:
+        reporter.stop()
+    ps.log(f"served for {time.monotonic() - t0:.1f} s")
+    return 0
