@@ -1,4 +1,4 @@
-"""Faults in a sweep (issue 15): which runs survived them, what each cost in iteration time,
+"""Faults in a sweep (`faults:` in a config): which runs survived them, what each cost in iteration time,
 and how long a fault that ended a run took to be named.
 
 Each run's faults are in its row (`faults`, the config's list as JSON) and, as they

@@ -1,5 +1,5 @@
 """Forest against each baseline on the same network: the ratio the bounds predict beside the
-ratio measured (issue 11's test of the forest paper's claim).
+ratio measured: the test of the forest paper's claim (up to 18.3x).
 
 A network point is a run's resolved config without its scheduler, scheduler tunables, seed and
 roles (a parameter server placed on another host, or ranks listed in another order, is part

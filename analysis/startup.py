@@ -1,4 +1,4 @@
-"""Partitioning against a per-message start-up cost (issue 12; the Mercury paper's argument,
+"""Partitioning against a per-message start-up cost (the Mercury paper's argument,
 `configs/sweeps/priority_startup.yaml`).
 
 The Mercury paper (TPDS 2023) argues that "a startup time slot inserted before every tensor

@@ -1,4 +1,4 @@
-"""Time dilation's invariance (issue 13; emu/config/dilation.py): one config at k = 1, 2, 4 through the
+"""Time dilation's invariance (emu/config/dilation.py): one config at k = 1, 2, 4 through the
 normal run path, and the emulated iteration times side by side (figures, not pass/fail).
 
 A dilated run is the same experiment k times slower: links at 1/k of their rates, replayed

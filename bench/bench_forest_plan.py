@@ -10,7 +10,7 @@ without the one-time import of scipy.optimize, printed first), its trees, and be
 `analysis.bounds.forest_rate_bps` (the arborescence-flow LP, another formulation, one solve)
 with its time and plan rate / that LP's optimum. That LP refuses more than MAX_LP_HOSTS.
 
-Before issue 11 the planner ran Garg-Konemann (eps 0.03) and then column generation for the
+Before the exact planner, it ran Garg-Konemann (eps 0.03) and then column generation for the
 optimum: racks 3x3 0.61 s, 4x4 1.19 s, 8x8 96 s on the machine these figures come from.
 """
 from __future__ import annotations

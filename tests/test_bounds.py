@@ -112,7 +112,7 @@ def test_cut_bound_sees_an_oversubscribed_rack_uplink():
 def test_homogeneous_star_forest_optimum_is_two_thirds_of_the_cut_rate():
     """4 workers at 100 Mb/s: forest R = 4 * 100 / 6 = 66.7 Mb/s, the same as the ring's; the
     cut needs only G over one 100 Mb/s link. So a forest at its optimum has efficiency 1
-    against its own model and 2(n-1)/n = 0.67 against the cut: what issue 11 saw."""
+    against its own model and 2(n-1)/n = 0.67 against the cut: what the forest sweep measured."""
     g, hosts = star_graph([100] * 4)
     assert forest_rate_bps(g, hosts) == pytest.approx(400 / 6 * MBPS, rel=1e-9)
     assert forest_bound_s(g, hosts, G) == pytest.approx(secs(400 / 6), rel=1e-9)

@@ -172,7 +172,7 @@ def test_annotate_judges_each_scheduler_by_its_model_and_the_cut(tmp_path):
     assert forest["efficiency"] == pytest.approx(1.0, rel=1e-9)  # at its optimum
     assert forest["efficiency_line_rate"] == pytest.approx(PAYLOAD_FRACTION, rel=1e-9)
     assert forest["bound_line_rate_s"] == pytest.approx(secs(400 / 6), rel=1e-9)
-    assert forest["cut_efficiency"] == pytest.approx(2 / 3, rel=1e-9)  # what issue 11 saw
+    assert forest["cut_efficiency"] == pytest.approx(2 / 3, rel=1e-9)  # what the forest sweep measured
     assert forest["bound_capacity"] == "configured" and forest["efficiency_basis"] == "median"
     assert forest["bound_configured_s"] == pytest.approx(forest["bound_s"])
     assert runs.loc["ring", "efficiency"] == pytest.approx(1.0, rel=1e-9)

@@ -1,4 +1,4 @@
-"""Stalls and injected faults end to end on a real Mininet network (issue 15).
+"""Stalls and injected faults end to end on a real Mininet network.
 
 A stalled worker (SIGSTOP from outside) and a cut link are each named within 30 s of the
 fault; a fault longer than the stall window fails the run with a reason that names it; a

@@ -1,4 +1,4 @@
-"""Fair baselines and the start-up cost (issue 12), over real TCP on 127.0.0.1.
+"""Fair baselines and the start-up cost, over real TCP on 127.0.0.1.
 
 - A PULL-mode server (fifo, bytescheduler) answers in the order the requests arrived, not
   by key; the p3 and mercury servers keep their priority order.
@@ -137,7 +137,7 @@ def test_pull_server_answers_in_arrival_order(pull_first):
 
 @pytest.mark.parametrize("mode", [Mode.QUEUED, Mode.IMMEDIATE])
 def test_p3_and_mercury_servers_keep_their_priority_order(mode):
-    """Unchanged by issue 12: results queued together go best layer priority first."""
+    """Unchanged by the fair baselines: results queued together go best layer priority first."""
     servers = Servers(1, 1, mode=mode)
     ps = servers.ps[0]
     conn = raw_worker(ps.port, 0, 1, mode)
@@ -156,7 +156,7 @@ def test_p3_and_mercury_servers_keep_their_priority_order(mode):
 # ---------------------------------------------------------------- fifo worker
 def test_fifo_worker_sends_first_come_first_sent():
     """Tensors 2, 1, 0 become ready (backward order) and their pushes queue; push 2 goes,
-    and its PULL is queued behind pushes 1 and 0, which were queued first. Before issue 12
+    and its PULL is queued behind pushes 1 and 0, which were queued first. Once
     the PULL carried tensor 2's readiness position and overtook them."""
     servers = Servers(1, 1)
     sched = create("fifo", 0, 1, servers.endpoints)

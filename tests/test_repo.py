@@ -59,3 +59,22 @@ def test_vagrantfile_syntax(tmp_path):
     r = subprocess.run(["vagrant", "validate", "--ignore-provider"], cwd=tmp_path, capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 0 and "validated successfully" in r.stdout, r.stdout + r.stderr
+
+
+def test_no_file_cites_an_issue_number():
+    """A reader of the repository cannot look up "issue 12": say what the thing is, or where it is measured."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\n")
+    pattern = re.compile(r"\bissues? #?\d+", re.I)
+    hits = []
+    for name in files:
+        path = REPO / name
+        if not name or name.startswith("results/") or not path.is_file() or path.stat().st_size > 2_000_000:
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{name}:{i}: {line.strip()[:100]}" for i, line in enumerate(text.splitlines(), 1)
+                 if pattern.search(line)]
+    assert not hits, "lines citing an issue number:\n" + "\n".join(hits)

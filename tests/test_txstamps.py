@@ -1,4 +1,4 @@
-"""Priority inversion per frame (issue 12, schedulers/transport/txstamps.py): the bookkeeping on a
+"""Priority inversion per frame (schedulers/transport/txstamps.py): the bookkeeping on a
 synthetic sequence, then real transmit stamps over TCP on 127.0.0.1 against a slow reader.
 Relations only, no speeds: the machine may be loaded."""
 from __future__ import annotations

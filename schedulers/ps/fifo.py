@@ -5,11 +5,11 @@ defaults of `PSScheduler`'s hooks), and no priority anywhere, first come, first 
 
 - worker, queue: tensors leave in the order `push()` saw them (readiness order);
 - worker, connection: every frame has the same outbox order, so PUSH and PULL frames go
-  out in the order they were queued. (Before issue 12 a PULL carried its tensor's
+  out in the order they were queued. (Once a PULL carried its tensor's
   readiness position and overtook the pushes of later-ready tensors still waiting in the
-  outbox; a plain FIFO queue sends it after them.)
+  outbox, a priority fifo does not have; a plain FIFO queue sends it after them.)
 - server (mode PULL): ACKs and results in the order the pushes and pulls arrived
-  (`schedulers/ps/server.py`; before issue 12 it answered by key, which is layer order).
+  (`schedulers/ps/server.py`; it once answered by key, which is layer order).
 """
 from __future__ import annotations
 

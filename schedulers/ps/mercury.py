@@ -29,8 +29,8 @@ first packet on that connection is written; its other packets pay nothing. The p
 the start-up slot before each communication request (ByteScheduler's every partition), and
 Mercury makes no request per packet: its packets are transport-level segments of one
 stream per tensor, so a tensor is one message per connection however finely it is cut
-and however often it is preempted. (Before issue 12 part 3 every packet paid, the
-harshest reading, which charged Mercury for partitioning it does not do.)
+and however often it is preempted. (An earlier reading charged every packet the start-up cost, the
+harshest one, which charged Mercury for partitioning it does not do.)
 """
 from __future__ import annotations
 

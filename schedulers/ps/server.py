@@ -24,9 +24,9 @@ link never stalls the others. What the outbox sends first depends on the mode:
   RESULT of a pull its PULL's number (a PULL that came before its slot was complete keeps
   its place), and the outbox sends the lowest first. This is what ps-lite's server does, and
   ByteScheduler keeps that server: its priority lives at the worker (the order in which it
-  pushes and pulls, and the credit), so bytescheduler gets arrival order too. Before
-  issue 12 the answers were ordered by (iteration, key, slice): keys follow the forward
-  order, so fifo's server answered the layers nearest the input first, a priority that
+  pushes and pulls, and the credit), so bytescheduler gets arrival order too. Answers
+  ordered by (iteration, key, slice), as they once were, follow the forward order
+  (keys), so fifo's server answered the layers nearest the input first, a priority that
   fifo does not have.
 - QUEUED and IMMEDIATE: (iteration, layer priority, slice), the server-side priority of p3
   and mercury by design.

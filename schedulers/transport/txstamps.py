@@ -1,5 +1,5 @@
 """When each frame's bytes leave the host, and how long a ready frame waited behind bytes of
-lower priority (issue 12): traced runs only (`trace: true`).
+lower priority: traced runs only (`trace: true`).
 
 An outbox (transport.py) picks its best frame as late as it can, but a frame that becomes
 ready may still find bytes of worse frames ahead of it: the frame being written and what
