@@ -62,7 +62,7 @@ def test_vagrantfile_syntax(tmp_path):
 
 
 def test_no_file_cites_an_issue_number():
-    """A reader of the repository cannot look up "issue 12": say what the thing is, or where it is measured."""
+    """A reader of the repository cannot look up an issue by its number: say what the thing is, or where it is measured."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\n")
     pattern = re.compile(r"\bissues? #?\d+", re.I)
