@@ -115,12 +115,17 @@ SCHEDULERS = sorted(registry.SCHEDULERS)
 def test_a_5_s_pause_is_survived_by_every_scheduler(tmp_path, no_leftovers, scheduler):
     results = tmp_path / "results"
     servers = ["ps"] if registry.SCHEDULERS[scheduler].Params.requires_servers else []
-    # at 20 s: gloo's workers (torch imported, a process group formed) can take over 12 s to reach
-    # the measured iterations on a loaded 2-core machine, and a pause before them has no cost; the
-    # collectives' iterations are about 50 ms, the PS family's 100-185 ms, so both still run at 25 s
+    # The pause must fall inside the measured iterations, with steady ones after it. Replayed
+    # compute reaches them within seconds, so the pause is at 10 s; gloo's workers (torch
+    # imported, a process group formed) can take over 12 s on a loaded 2-core machine, so at 20 s.
+    # Iterations: the physics bound of one (the PS link carries both workers' 0.55 MB, 88 ms; a
+    # ring link one worker's, 44 ms) keeps even the fastest run going 10 s past the pause's end;
+    # measured iterations are 100-185 ms (PS family) and about 50 ms (collectives).
+    at_s = 20 if scheduler == "gloo" else 10
+    iterations = (at_s + 5 + 10) / (0.088 if servers else 0.044)
     cfg = config(tmp_path, scheduler=scheduler, roles={"servers": servers, "workers": ["w0", "w1"]},
-                 workload={**BASE["workload"], "iterations": 600 if servers else 900},
-                 faults=[{"at_s": 20, "kind": "stop", "target": "worker0", "for_s": 5}])
+                 workload={**BASE["workload"], "iterations": int(iterations)},
+                 faults=[{"at_s": at_s, "kind": "stop", "target": "worker0", "for_s": 5}])
     r = invoke("run", str(cfg), "--results", str(results), timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
     row = row_of(results)
@@ -139,7 +144,7 @@ def test_a_slow_host_gets_its_cpu_back(tmp_path, no_leftovers):
     fixture checks the cgroups); the run is survived and the fault's cost is measured. Replayed
     compute is a timed wait, which a CPU quota does not slow, so the cost may be about 0."""
     results = tmp_path / "results"
-    cfg = config(tmp_path, workload={**BASE["workload"], "iterations": 400},
+    cfg = config(tmp_path, workload={**BASE["workload"], "iterations": 300},  # >= 26 s at the 88 ms bound
                  faults=[{"at_s": 12, "kind": "slow", "target": "worker1", "cpu": 0.02, "for_s": 4}])
     r = invoke("run", str(cfg), "--results", str(results), timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -153,7 +158,8 @@ def test_a_slow_host_gets_its_cpu_back(tmp_path, no_leftovers):
 def test_a_short_link_flap_is_survived(tmp_path, no_leftovers):
     results = tmp_path / "results"
     flaps = [{"at_s": t, "kind": "link_down", "target": ["w1", "s1"], "for_s": 2} for t in (12, 18)]
-    r = invoke("run", str(config(tmp_path, workload={**BASE["workload"], "iterations": 600}, faults=flaps)),
+    # 350 iterations: at least 31 s at the 88 ms bound, past the second flap's end at 20 s
+    r = invoke("run", str(config(tmp_path, workload={**BASE["workload"], "iterations": 350}, faults=flaps)),
                "--results", str(results), timeout=400)
     assert r.returncode == 0, r.stderr[-2000:]
     row = row_of(results)
