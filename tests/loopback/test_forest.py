@@ -1,0 +1,347 @@
+"""The forest scheduler on loopback TCP: averages equal a reference, failures end every
+worker with an error naming the culprit, nothing hangs. Workers run as threads, except the
+one killed with SIGKILL, which is a real process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import networkx as nx
+import numpy as np
+import pytest
+
+from schedulers import registry
+from schedulers.collective.forest import Forest, layout
+from schedulers.collective.forest_plan import plan_forest
+from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
+from tests.conftest import REPO as REPO_PATH
+from workloads.local import free_ports
+
+REPO = str(REPO_PATH)
+
+
+def star(rates):
+    """A capacity graph as emu/testbed/topology.py builds it (node-link data)."""
+    g = nx.DiGraph()
+    g.add_node("s1", kind="switch")
+    for i, c in enumerate(rates):
+        g.add_node(f"h{i}", kind="host")
+        g.add_edge(f"h{i}", "s1", capacity=c * 1e6)
+        g.add_edge("s1", f"h{i}", capacity=c * 1e6)
+    return nx.node_link_data(g, edges="links")
+
+
+def two_racks(per_rack, uplink):
+    g = nx.DiGraph()
+    for s in ("s0", "s1", "s2"):
+        g.add_node(s, kind="switch")
+    for tor in ("s1", "s2"):
+        g.add_edge(tor, "s0", capacity=uplink * 1e6)
+        g.add_edge("s0", tor, capacity=uplink * 1e6)
+    hosts = []
+    for r, tor in enumerate(("s1", "s2")):
+        for j in range(per_rack):
+            h = f"r{r}h{j}"
+            hosts.append(h)
+            g.add_node(h, kind="host")
+            g.add_edge(h, tor, capacity=100e6)
+            g.add_edge(tor, h, capacity=100e6)
+    return nx.node_link_data(g, edges="links"), hosts
+
+
+
+def endpoints(hosts):
+    return [Endpoint(h, "127.0.0.1", p) for h, p in zip(hosts, free_ports(len(hosts)), strict=True)]
+
+
+def ctx(rank, eps, topology, timeout=20.0, trace=False):
+    return RoleContext(rank, len(eps), [], eps, topology=topology, connect_timeout_s=timeout, trace=trace)
+
+
+def run_threads(fn, n, join_s=60.0):
+    """fn(rank) in n threads; returns {rank: result or exception} and the wall time."""
+    out: dict[int, object] = {}
+
+    def target(r):
+        try:
+            out[r] = fn(r)
+        except BaseException as e:  # noqa: BLE001
+            out[r] = e
+
+    ths = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
+    t0 = time.monotonic()
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(max(join_s - (time.monotonic() - t0), 0.1))
+        assert not t.is_alive(), "a worker hung"
+    return out, time.monotonic() - t0
+
+
+def assert_averages(out, grads, identical=False):
+    """out[rank] = (per iteration, per key, what wait() returned, ...): no worker failed, and
+    every one got the reference average (identical: the same bytes as worker 0's)."""
+    errors = [e for e in out.values() if isinstance(e, BaseException)]
+    assert not errors, errors
+    n = len(out)
+    for it, per_rank in enumerate(grads):
+        for k in range(len(per_rank[0])):
+            ref = np.mean([per_rank[r][k].astype(np.float64) for r in range(n)], axis=0)
+            for r in range(n):
+                np.testing.assert_allclose(out[r][0][it][k], ref, rtol=1e-5, atol=1e-6)
+                if identical:   # every worker gets the root's bytes: replicas stay bit-identical
+                    assert np.array_equal(out[r][0][it][k], out[0][0][it][k])
+
+
+def allreduce_job(hosts, topology, sizes, iterations, params, seed=0):
+    """The data path on the plan of the configured rates (measured bandwidth:
+    tests/test_forest_replan.py)."""
+    params = {"bandwidth": "configured", **params}
+    eps = endpoints(hosts)
+    n = len(hosts)
+    tensors = [TensorSpec(k, f"t{k}", s, k) for k, s in enumerate(sizes)]
+    rng = np.random.default_rng(seed)
+    grads = [[[rng.standard_normal(s, dtype=np.float32) for s in sizes] for _ in range(n)]
+             for _ in range(iterations)]
+
+    def work(r):
+        sched = registry.create("forest", ctx(r, eps, topology), params)
+        sched.start(tensors)
+        got = []
+        for it in range(iterations):
+            for t in reversed(tensors):     # backward order, as training pushes them
+                sched.push(t.key, grads[it][r][t.key].copy(), it)
+            got.append([sched.wait(t.key, it).copy() for t in tensors])
+        sched.close()
+        return got, sched.plan
+
+    out, _ = run_threads(work, n)
+    assert_averages(out, grads, identical=True)
+    plans = [out[r][1] for r in range(n)]
+    assert all(p == plans[0] for p in plans)
+    return plans[0]
+
+
+SIZES = [1, 7, 1000, 4099, 30_001]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_heterogeneous_star_average(n):
+    rates = [100] * max(n - 2, 1) + [10] * min(n - 1, 2)
+    hosts = [f"h{i}" for i in range(n)]
+    plan = allreduce_job(hosts, star(rates), SIZES, 3, {"chunk_numel": 1024}, seed=n)
+    json.dumps(plan, allow_nan=False)
+
+
+def test_many_trees_random_tensor_sets():
+    """Uniform star: one tree per worker, so every tensor is cut across several trees."""
+    rng = np.random.default_rng(7)
+    sizes = [int(s) for s in rng.integers(1, 5000, size=12)] + [2, 3, 65_537]
+    plan = allreduce_job([f"h{i}" for i in range(4)], star([100] * 4), sizes, 2, {"chunk_numel": 512})
+    assert len(plan["trees"]) == 4 and len({t["root"] for t in plan["trees"]}) == 4
+
+
+def test_two_racks_deep_trees_and_huge_tensor():
+    topo, hosts = two_racks(3, 20)
+    plan = allreduce_job(hosts, topo, [3, 1_000_003], 2, {})
+    assert max(t["depth"] for t in plan["trees"]) >= 2
+
+
+def test_no_topology_assumes_uniform_star():
+    """What the generic loopback test passes: all workers on host 'lo', topology None."""
+    plan = allreduce_job(["lo"] * 3, None, SIZES, 2, {"chunk_numel": 2048})
+    assert plan["assumed_topology"]
+
+
+def test_layout_covers_every_element_once_and_follows_fractions():
+    tensors = [TensorSpec(k, f"t{k}", s, k) for k, s in enumerate([5, 100, 3000, 100_000, 1])]
+    fractions = [0.5, 0.3, 0.2]
+    chunks = layout(tensors, fractions, chunk_numel=1000)
+    per_tree = [0] * 3
+    for t in tensors:
+        covered = np.zeros(t.numel, int)
+        for ch in chunks[t.key]:
+            assert 0 < ch.hi - ch.lo <= 1000
+            covered[ch.lo:ch.hi] += 1
+            per_tree[ch.tree] += ch.hi - ch.lo
+        assert (covered == 1).all()
+    total = sum(t.numel for t in tensors)
+    assert np.allclose(np.array(per_tree) / total, fractions, atol=0.01)
+
+
+def test_layout_streams_each_slice_in_slice_chunks():
+    """A slice is cut into slice_chunks chunks, none under 4096 floats and none over chunk_numel."""
+    def sizes(numel, fractions):
+        return [ch.hi - ch.lo for ch in layout([TensorSpec(0, "t", numel, 0)], fractions, 16_384, 8)[0]]
+
+    assert sizes(100_000, [1.0]) == [12_500] * 8                     # 8 chunks of the slice
+    assert sizes(20_000, [1.0]) == [4096] * 4 + [3616]               # none under 16 KiB
+    assert sizes(400_000, [0.5, 0.5]) == ([16_384] * 12 + [3392]) * 2  # none over chunk_numel
+
+
+def test_trace_records_sends_and_results():
+    eps = endpoints(["h0", "h1"])
+    tensors = [TensorSpec(0, "w", 3000, 0)]
+
+    def work(r):
+        s = Forest(ctx(r, eps, star([100, 100]), trace=True), Forest.Params(chunk_numel=1000))
+        s.start(tensors)
+        s.push(0, np.ones(3000, np.float32), 0)
+        s.wait(0, 0)
+        s.close()
+        return s.events
+
+    out, _ = run_threads(work, 2)
+    for events in out.values():
+        kinds = [e[0] for e in events]
+        assert "recv" in kinds and "send" in kinds
+
+
+def test_registry_entry_needs_no_servers():
+    cls = registry.SCHEDULERS["forest"]
+    assert cls is Forest and cls.Params.requires_servers is False
+
+
+# ---------------------------------------------------------------------------- failures
+VICTIM = r"""
+import json, sys, time
+import numpy as np
+from schedulers import registry
+from schedulers.core.base import Endpoint, RoleContext, TensorSpec
+a = json.loads(sys.argv[1])
+eps = [Endpoint(*e) for e in a["eps"]]
+s = registry.create("forest", RoleContext(a["rank"], len(eps), [], eps, topology=a["topo"],
+                    connect_timeout_s=20), {})
+s.start([TensorSpec(0, "w", 5000, 0)])
+s.push(0, np.ones(5000, np.float32), 0)
+s.wait(0, 0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_killed_worker_named_by_every_worker_within_bounded_time():
+    """Kill -9 a leaf of a single-tree plan: only its parent sees the connection break; the
+    others learn it from the ABORT passed along the tree and still name the dead worker."""
+    rates = [100, 100, 100, 10, 10]
+    topo = star(rates)
+    hosts = [f"h{i}" for i in range(5)]
+    eps = endpoints(hosts)
+    plan = plan_forest(topo, hosts)
+    victim = 4
+    neighbours = {t.parent[victim] for t in plan.trees} | {c for t in plan.trees for c in t.children(victim)}
+    assert len(neighbours - {-1}) < 4, "precondition: some workers are not the victim's neighbours"
+    arg = json.dumps({"rank": victim, "eps": [[e.host, e.ip, e.port] for e in eps], "topo": topo})
+    proc = subprocess.Popen([sys.executable, "-c", VICTIM, arg], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    ready = threading.Event()
+
+    def work(r):
+        if r == victim:
+            line = proc.stdout.readline()
+            assert line.strip() == "ready", proc.stderr.read()
+            ready.set()
+            return None
+        s = Forest(ctx(r, eps, topo), Forest.Params())
+        s.start([TensorSpec(0, "w", 5000, 0)])
+        s.push(0, np.ones(5000, np.float32), 0)
+        s.wait(0, 0)
+        ready.wait(30)
+        s.push(0, np.ones(5000, np.float32), 1)   # the victim never pushes iteration 1
+        t0 = time.monotonic()
+        try:
+            s.wait(0, 1)
+        except CommError as e:
+            return str(e), time.monotonic() - t0
+        finally:
+            s.close()
+        return "no error", 0.0
+
+    try:
+        def killer():
+            ready.wait(30)
+            time.sleep(0.5)                          # let the others block in wait()
+            os.kill(proc.pid, signal.SIGKILL)
+        threading.Thread(target=killer, daemon=True).start()
+        out, _ = run_threads(work, 5, join_s=45)
+    finally:
+        proc.kill()
+        proc.wait()
+    for r in range(5):
+        if r == victim:
+            continue
+        msg, waited = out[r]
+        assert f"worker {victim} (h{victim}" in msg, (r, msg)
+        assert waited < 10, (r, waited)
+
+
+def test_worker_that_never_starts_is_named():
+    hosts = [f"h{i}" for i in range(3)]
+    eps = endpoints(hosts)
+
+    def work(r):
+        if r == 0:
+            return None                               # worker 0 never shows up
+        s = Forest(ctx(r, eps, star([100] * 3), timeout=2), Forest.Params())
+        s.start([TensorSpec(0, "w", 10, 0)])
+        return "started"
+
+    out, took = run_threads(work, 3, join_s=20)
+    for r in (1, 2):
+        assert isinstance(out[r], CommError) and "worker 0 (h0" in str(out[r]), out[r]
+    assert took < 10
+
+
+def test_different_plans_refuse_to_connect():
+    """Worker 2 was given another capacity graph: its trees differ, so nobody may start."""
+    hosts = ["h0", "h1", "h2"]
+    eps = endpoints(hosts)
+    topos = [star([100, 100, 100])] * 2 + [star([100, 100, 10])]
+    assert plan_forest(topos[0], hosts).digest() != plan_forest(topos[2], hosts).digest()
+
+    def work(r):
+        s = Forest(ctx(r, eps, topos[r], timeout=5), Forest.Params(bandwidth="configured"))
+        s.start([TensorSpec(0, "w", 10, 0)])
+        return "started"
+
+    out, took = run_threads(work, 3, join_s=20)
+    assert all(isinstance(e, CommError) and "different forest plan" in str(e) for e in out.values()), out
+    assert took < 4, "the refusal should travel as ABORT, not wait for the 5 s connect timeout"
+
+
+@pytest.mark.parametrize("who", ["leaf", "root"])
+def test_worker_that_leaves_early_is_named(who):
+    """One worker runs one iteration fewer and closes (BYE): the others, whether it is their
+    child or their parent in the tree, must not wait forever."""
+    hosts = [f"h{i}" for i in range(4)]
+    eps = endpoints(hosts)
+    topo = star([100, 100, 10, 10])
+    (tree,) = plan_forest(topo, hosts).trees          # one star tree: slow hosts are leaves
+    early = tree.root if who == "root" else 2
+    assert (tree.parent[early] == -1) == (who == "root")
+
+    def work(r):
+        s = Forest(ctx(r, eps, topo), Forest.Params(bandwidth="configured"))
+        s.start([TensorSpec(0, "w", 100, 0)])
+        for it in range(1 if r == early else 3):
+            s.push(0, np.ones(100, np.float32), it)
+            s.wait(0, it)
+        s.close()
+        return "done"
+
+    out, took = run_threads(work, 4, join_s=30)
+    assert out[early] == "done"
+    for r in set(range(4)) - {early}:
+        assert isinstance(out[r], CommError) and f"worker {early} (h{early}" in str(out[r]), out[r]
+    assert took < 10
+
+
+def test_without_priority_the_averages_are_the_same():
+    """priority: false only reorders frames on each link (first come, first sent)."""
+    hosts = [f"h{i}" for i in range(4)]
+    allreduce_job(hosts, star([100, 100, 10, 10]), SIZES, 2, {"priority": False, "chunk_numel": 2048})
