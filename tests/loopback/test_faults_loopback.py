@@ -34,6 +34,7 @@ def _run_with_faults(tmp_path, fault_specs, **changes):
     return str(failed.value), _fault_table(f, wd, now - f.t0, failing), states
 
 
+@pytest.mark.slow
 def test_a_stop_longer_than_the_window_fails_the_run_naming_the_fault(tmp_path):
     text, t, states = _run_with_faults(tmp_path, [{"at_s": 3, "kind": "stop", "target": "worker0", "for_s": 60}],
                                        watchdog={"stall_s": 3})
@@ -45,6 +46,7 @@ def test_a_stop_longer_than_the_window_fails_the_run_naming_the_fault(tmp_path):
     assert all(s in ("S", "R", "D") for s in states.values()), states  # continued: not T (D: waiting on I/O)
 
 
+@pytest.mark.slow
 def test_an_injected_kill_is_named_in_the_exit_reason(tmp_path):
     text, t, _ = _run_with_faults(tmp_path, [{"at_s": 3, "kind": "kill", "target": "worker1"}])
     assert text.startswith("worker1 on w1 was killed by SIGKILL (injected: faults[0] (kill worker1 at 3 s))"), text

@@ -130,7 +130,7 @@ def allreduce_job(hosts, topology, sizes, iterations, params, seed=0):
 SIZES = [1, 7, 1000, 4099, 30_001]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, pytest.param(8, marks=pytest.mark.slow)])
 def test_heterogeneous_star_average(n):
     rates = [100] * max(n - 2, 1) + [10] * min(n - 1, 2)
     hosts = [f"h{i}" for i in range(n)]
@@ -146,6 +146,7 @@ def test_many_trees_random_tensor_sets():
     assert len(plan["trees"]) == 4 and len({t["root"] for t in plan["trees"]}) == 4
 
 
+@pytest.mark.slow
 def test_two_racks_deep_trees_and_huge_tensor():
     topo, hosts = two_racks(3, 20)
     plan = allreduce_job(hosts, topo, [3, 1_000_003], 2, {})
@@ -184,6 +185,7 @@ def test_layout_streams_each_slice_in_slice_chunks():
     assert sizes(400_000, [0.5, 0.5]) == ([16_384] * 12 + [3392]) * 2  # none over chunk_numel
 
 
+@pytest.mark.slow
 def test_trace_records_sends_and_results():
     eps = endpoints(["h0", "h1"])
     tensors = [TensorSpec(0, "w", 3000, 0)]
@@ -225,6 +227,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_killed_worker_named_by_every_worker_within_bounded_time():
     """Kill -9 a leaf of a single-tree plan: only its parent sees the connection break; the
     others learn it from the ABORT passed along the tree and still name the dead worker."""
@@ -280,6 +283,7 @@ def test_killed_worker_named_by_every_worker_within_bounded_time():
         assert waited < 10, (r, waited)
 
 
+@pytest.mark.slow
 def test_worker_that_never_starts_is_named():
     hosts = [f"h{i}" for i in range(3)]
     eps = endpoints(hosts)
@@ -297,6 +301,7 @@ def test_worker_that_never_starts_is_named():
     assert took < 10
 
 
+@pytest.mark.slow
 def test_different_plans_refuse_to_connect():
     """Worker 2 was given another capacity graph: its trees differ, so nobody may start."""
     hosts = ["h0", "h1", "h2"]

@@ -107,6 +107,7 @@ def test_two_slow_iterations_re_plan_two_iterations_later_on_every_worker():
     assert all((i["plan"], i["plans"]) == (infos[0]["plan"], infos[0]["plans"]) for i in infos)
 
 
+@pytest.mark.slow
 def test_workers_that_know_different_networks_refuse_to_connect():
     """Measured bandwidth ignores the rates, but not which links exist."""
     hosts = ["h0", "h1", "h2"]

@@ -125,6 +125,7 @@ def test_average_equals_reference(switch_of):
     allreduce(switch_of, SMALL, tensor_set(len(switch_of), big=50_000), seed=len(switch_of))
 
 
+@pytest.mark.slow
 def test_default_params_and_a_tensor_larger_than_a_bucket():
     allreduce(["s1", "s2", "s1", "s1", "s2"], {}, [3, 7_000_003, 999_999, 1], iterations=2, seed=1)
 
@@ -185,6 +186,7 @@ def test_traces_buckets_and_reports_its_groups():
 # ---------------------------------------------------------------------------- overlap
 @pytest.mark.parametrize("switch_of", [["s1", "s2", "s1", "s2"], ["s1", "s2", "s3", "s1", "s2", "s3"]],
                          ids=["2x2", "3x2"])
+@pytest.mark.slow
 def test_stages_overlap_on_emulated_links(monkeypatch, switch_of):
     """Every connection is made a link of RATE bytes/s (a sender is busy for a frame's
     serialisation time after writing it). Each member connection carries G each way and
@@ -295,6 +297,7 @@ def test_early_close_is_a_failure_named_after_the_leaver(leaver):
 
 
 @pytest.mark.parametrize("missing", [4, 1], ids=["member", "leader"])
+@pytest.mark.slow
 def test_missing_worker_fails_rendezvous_in_time(missing):
     """A worker never starts: whoever waits for it finds out, and tells the others."""
     eps = endpoints(5)

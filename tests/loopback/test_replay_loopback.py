@@ -66,8 +66,9 @@ ODD = synthetic_profile([(0.0, [(7, 0.0), (1, 0.0)]), (0.0, [(4099, 0.0)]), (0.0
                          (0.0, [(TILE * 2 + 5, 0.0)])])
 
 
-@pytest.mark.parametrize("scheduler,params", [("fifo", {}), ("bytescheduler", {"partition_numel": 1000,
-                                                                                "credit_numel": 3000})])
+@pytest.mark.parametrize("scheduler,params", [("fifo", {}), pytest.param("bytescheduler", {"partition_numel": 1000,
+                                                                                             "credit_numel": 3000},
+                                                                           marks=pytest.mark.slow)])
 def test_replay_aggregates_exactly_in_order(scheduler, params):
     workers, iters = 3, 3
     ps = ParameterServer(0, workers, "127.0.0.1", 0, accept_timeout_s=20)
@@ -129,6 +130,7 @@ def run_replay(tmp_path, profile, workers=2, iterations=8, **workload):
 
 
 @pytest.mark.parametrize("speedup", [1.0, 2.0])
+@pytest.mark.slow
 def test_replay_keeps_the_profiles_per_layer_times(tmp_path, speedup):
     recs = run_replay(tmp_path, TIMED, speedup=speedup)
     scale = 1 / speedup
@@ -151,6 +153,7 @@ def test_replay_keeps_the_profiles_per_layer_times(tmp_path, speedup):
     assert recs[0]["summary"]["checksum"] == recs[1]["summary"]["checksum"]
 
 
+@pytest.mark.slow
 def test_replay_worker_holds_about_twice_its_gradients_and_no_torch(tmp_path):
     big = synthetic_profile([(0.0, [(4_000_000, 0.0)]), (0.0, [(12_000_000, 0.0), (16_000_000, 0.0)])])
     small = synthetic_profile([(0.0, [(1000, 0.0)])])

@@ -127,6 +127,7 @@ def test_ring_rejects_misuse():
 
 
 # ---------------------------------------------------------------------------- link rate
+@pytest.mark.slow
 def test_ring_keeps_emulated_links_busy(monkeypatch):
     """Every connection is made a link of RATE bytes/s (a sender is busy for a frame's
     serialisation time after writing it). A pipelined ring then all-reduces in about
@@ -229,6 +230,7 @@ def test_ring_early_close_is_a_failure_named_after_the_leaver():
         assert results[r][0] and "worker 2 (w2" in results[r][0] and "unfinished" in results[r][0], results[r]
 
 
+@pytest.mark.slow
 def test_ring_missing_worker_fails_rendezvous_in_time():
     """Worker 2 of 5 never starts: its neighbours find out, and tell the others."""
     eps = endpoints(5)
@@ -242,6 +244,7 @@ def test_ring_missing_worker_fails_rendezvous_in_time():
         assert err and "worker 2 (w2" in err and took < 5, (r, err, took)
 
 
+@pytest.mark.slow
 def test_gloo_missing_worker_fails_rendezvous_in_time(tmp_path):
     eps = endpoints(3)
     t0 = time.monotonic()
@@ -253,6 +256,7 @@ def test_gloo_missing_worker_fails_rendezvous_in_time(tmp_path):
 
 
 @pytest.mark.parametrize("dead_rank", [0, 2], ids=["store-host-dies", "worker-dies"])
+@pytest.mark.slow
 def test_gloo_worker_death_ends_everyone(dead_rank, tmp_path):
     """gloo: the survivors fail within bounded time with a CommError (no hang, no SIGABRT)
     naming the dead worker, found by probing its port."""
@@ -271,6 +275,7 @@ def test_gloo_worker_death_ends_everyone(dead_rank, tmp_path):
 
 
 # ---------------------------------------------------------------------------- training
+@pytest.mark.slow
 def test_training_end_to_end_matches_parameter_server(tmp_path):
     """Real worker processes (workloads.worker) train the tiny CNN with each collective;
     every replica ends bit-identical, and, with two workers (where every scheme adds the

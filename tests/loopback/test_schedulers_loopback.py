@@ -237,8 +237,10 @@ def cases():
     for name in sorted(registry.SCHEDULERS):
         collective = not registry.SCHEDULERS[name].Params.requires_servers
         for workers, servers in CASES:
+            slow = name == "gloo" or (name in ("bytescheduler", "forest") and workers > 1)
             out.append(pytest.param(name, workers, 0 if collective else servers,
-                                    id=f"{name}-{workers}w" + ("" if collective else f"-{servers}s")))
+                                    id=f"{name}-{workers}w" + ("" if collective else f"-{servers}s"),
+                                    marks=pytest.mark.slow if slow else ()))
     return out
 
 
@@ -251,6 +253,7 @@ def test_average_equals_reference(name, workers, servers, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(registry.SCHEDULERS))
+@pytest.mark.slow
 def test_paper_defaults_huge_tensor(name, tmp_path):
     """Default parameters, with a tensor larger than one bucket or partition (28 MB)."""
     run_job(name, {}, 2, 1, iterations=2, sizes=[3, 7_000_003, 999_999, 1], seed=1, tmp_path=tmp_path)

@@ -146,7 +146,8 @@ def test_kernel_send_queue_is_bounded_by_time():
 
 
 # ---------------------------------------------------------------- correctness
-@pytest.mark.parametrize("name,params", [("p3", {"slice_numel": 1000}), ("mercury", {"packet_bytes": 4 * 37})])
+@pytest.mark.parametrize("name,params", [("p3", {"slice_numel": 1000}),
+                                         pytest.param("mercury", {"packet_bytes": 4 * 37}, marks=pytest.mark.slow)])
 def test_many_slices_over_servers_average_exactly(name, params):
     """Odd sizes cut into many slices/packets, spread over 3 servers, several iterations."""
     sizes, workers, iters = [1, 37, 999, 1000, 1001, 12_345], 3, 3
@@ -377,6 +378,7 @@ def test_dead_server_makes_every_worker_fail_naming_it(name, procs, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["p3", "mercury"])
+@pytest.mark.slow
 def test_dead_worker_makes_servers_and_workers_fail_naming_it(name, procs, tmp_path):
     """Worker 2 (a real process) is killed with SIGKILL after iteration 0; both server
     processes exit with status 1 and the surviving workers raise CommError, all naming it."""

@@ -95,7 +95,8 @@ def zoo_batches(model: str, workers: int, batch_size: int = 8):
 
 @pytest.mark.parametrize("scheduler,params,workers", [
     ("fifo", {}, 1), ("fifo", {}, 2), ("bytescheduler", SMALL_PARTS, 2), ("p3", {"slice_numel": 100}, 2),
-    ("mercury", {"packet_bytes": 256}, 2), ("ring", {"chunk_kb": 1}, 3), ("forest", {"chunk_numel": 64}, 3)])
+    ("mercury", {"packet_bytes": 256}, 2), ("ring", {"chunk_kb": 1}, 3),
+    pytest.param("forest", {"chunk_numel": 64}, 3, marks=pytest.mark.slow)])
 def test_cnn_distributed_equals_union_batch(scheduler, params, workers):
     batches = zoo_batches("cnn", workers)
     trainers = train_distributed(lambda: build("cnn", "tiny", seed=0), batches, scheduler, params)
@@ -107,9 +108,10 @@ def test_cnn_distributed_equals_union_batch(scheduler, params, workers):
 
 
 @pytest.mark.parametrize("model,scheduler", [
-    ("alexnet", "fifo"), ("vgg", "bytescheduler"), ("resnet", "fifo"), ("resnet", "bytescheduler"),
+    ("alexnet", "fifo"), pytest.param("vgg", "bytescheduler", marks=pytest.mark.slow), ("resnet", "fifo"),
+    pytest.param("resnet", "bytescheduler", marks=pytest.mark.slow),
     ("bert", "fifo"), ("bert", "bytescheduler"), ("lstm", "fifo"), ("lstm", "bytescheduler"),
-    ("alexnet", "mercury"), ("vgg", "p3"), ("resnet", "ring"), ("lstm", "forest")])
+    ("alexnet", "mercury"), ("vgg", "p3"), ("resnet", "ring"), pytest.param("lstm", "forest", marks=pytest.mark.slow)])
 def test_zoo_distributed_equals_union_batch(model, scheduler):
     batches = zoo_batches(model, workers=2)
     params = SMALL_PARTS if scheduler == "bytescheduler" else {}

@@ -51,6 +51,7 @@ def test_reporter_counts_the_bytes_of_each_real_connection(tmp_path):
     assert all(c.local != ca.local for c in tcp_connections())        # closed: gone from the next report
 
 
+@pytest.mark.slow
 def test_runner_survives_a_short_pause_and_names_a_stopped_worker_of_a_real_job(tmp_path):
     """A real job on loopback (a server and two replay workers, as the orchestrator launches
     them): a pause shorter than the window is survived and seen as a gap; a stop that lasts

@@ -23,9 +23,7 @@ from emu.config.topospec import StarTopology
 from emu.testbed import tc
 from emu.testbed.cleanup import StateDir
 from emu.testbed.network import NetworkError, Testbed
-from tests.conftest import invoke, needs_root
-
-pytestmark = [needs_root, pytest.mark.mininet]
+from tests.conftest import invoke
 
 SPEC = {"kind": "star", "hosts": [{"name": "ps", "bw_mbps": 100}, {"name": "w0", "bw_mbps": 40},
                                   {"name": "w1", "bw_mbps": 20}]}

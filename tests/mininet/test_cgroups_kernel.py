@@ -17,7 +17,7 @@ import pytest
 
 from emu.testbed import cgroups, cleanup
 from emu.testbed.network import _joining
-from tests.conftest import needs_root, wait_for
+from tests.conftest import wait_for
 
 
 def dead_state(tmp_path: Path, pid: int = 999_999_101) -> cleanup.StateDir:
@@ -36,8 +36,6 @@ def _stop(p: subprocess.Popen) -> None:
     p.wait(5)
 
 
-@needs_root
-@pytest.mark.root
 def test_v1_tree_on_this_kernel(tmp_path):
     layout = cgroups.detect()
     t = layout.cpu_tree()
@@ -63,8 +61,6 @@ def test_v1_tree_on_this_kernel(tmp_path):
     assert found == [f"cgroup {name}"] and not any(d.exists() for d in t.paths(name))
 
 
-@needs_root
-@pytest.mark.root
 def test_v2_tree_mechanics_on_this_kernels_unified_hierarchy(tmp_path):
     """Its own cgroup under the unified root, a controller enabled in the subtree_control of
     each cgroup above the group (recorded) and taken back, a process joined, everything

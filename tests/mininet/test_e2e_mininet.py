@@ -14,9 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import REPO, interfaces, invoke, invoke_popen, needs_root, wait_for, worker_progress
-
-pytestmark = [needs_root, pytest.mark.mininet]
+from tests.conftest import REPO, interfaces, invoke, invoke_popen, wait_for, worker_progress
 
 TINY = {
     "name": "e2e",

@@ -20,9 +20,7 @@ import pytest
 import yaml
 
 from schedulers import registry
-from tests.conftest import invoke, invoke_popen, needs_root, wait_for, worker_progress
-
-pytestmark = [needs_root, pytest.mark.mininet]
+from tests.conftest import invoke, invoke_popen, wait_for, worker_progress
 
 NAMED_WITHIN_S = 30
 

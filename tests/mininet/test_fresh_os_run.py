@@ -14,16 +14,13 @@ import time
 import pytest
 
 from emu.testbed import freshos
-from tests.conftest import REPO, needs_root
+from tests.conftest import REPO
 
 
 def _leftover_roots() -> set[str]:
     return {p.name for p in freshos.WORK.glob("schedlab-fresh-os-*")}
 
 
-@needs_root
-@pytest.mark.root
-@pytest.mark.mininet
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get(freshos.MARKER) == "1", reason="already inside a fresh OS")
 def test_fresh_os_runs_the_demo_the_doctor_and_the_fast_tier(no_leftovers):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, needs_root
+from tests.conftest import REPO
 
 MINI = REPO / "tests" / "data" / "results" / "mini"
 
@@ -24,8 +24,6 @@ def inv(*args: str, env: dict | None = None, user: str | None = None, timeout: f
                           stdin=subprocess.DEVNULL)
 
 
-@needs_root
-@pytest.mark.root
 def test_a_normal_user_lists_tasks_and_reports_committed_results(tmp_path):
     """As nobody, with the environment already set up (its stamp matches, so nothing is
     installed): --list and a report of the committed results; a run is refused in one line."""

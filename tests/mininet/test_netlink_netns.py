@@ -13,7 +13,6 @@ import pytest
 
 from emu.testbed import netlink, tc
 from emu.testbed.monitor import Monitor
-from tests.conftest import IS_ROOT
 
 
 def ip(*args: str, ns: str | None = None) -> str:
@@ -50,8 +49,6 @@ def netns_pair():
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-@pytest.mark.root
-@pytest.mark.skipif(not IS_ROOT, reason="creates network namespaces (needs root)")
 def test_netlink_reads_and_changes_what_tc_reads_and_changes(netns_pair, monkeypatch):
     a, b, dev = netns_pair
     path = f"/run/netns/{a}"
@@ -87,8 +84,6 @@ def test_netlink_reads_and_changes_what_tc_reads_and_changes(netns_pair, monkeyp
         rates.close()
 
 
-@pytest.mark.root
-@pytest.mark.skipif(not IS_ROOT, reason="creates network namespaces (needs root)")
 def test_the_netlink_monitor_in_a_namespace_pair(netns_pair):
     a, _, dev = netns_pair
     mon = Monitor({}, {"a->b": (dev, f"/run/netns/{a}")}, {("a", "b"): 8000.0}, interval_s=0.05,

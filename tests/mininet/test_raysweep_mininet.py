@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from emu.sweeps import raysweep
-from tests.conftest import REPO, invoke_popen, needs_root, wait_for
+from tests.conftest import REPO, invoke_popen, wait_for
 
 SWEEP = {
     "name": "ray-e2e",
@@ -73,8 +73,7 @@ def _cmdline(pid: str) -> bytes:
         return b""
 
 
-@needs_root
-@pytest.mark.mininet
+@pytest.mark.slow
 def test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run(tmp_path, monkeypatch, no_leftovers):
     """Both nodes offer {"emu": 1} and share this machine's network lock. Once the second node
     has finished a run and is mid-way through another, it is lost (its worker and raylet
@@ -140,8 +139,7 @@ def test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run(tmp_path, 
     assert not list(raysweep.RUNS_TMP.glob("*"))
 
 
-@needs_root
-@pytest.mark.mininet
+@pytest.mark.slow
 def test_sigterm_cancels_the_runs_and_leaves_no_ray_process(tmp_path, no_leftovers):
     """`--ray local` stopped by SIGTERM mid-run: the run is cancelled (its network torn down),
     exit 130, and the local cluster is gone, processes and temporary directory."""

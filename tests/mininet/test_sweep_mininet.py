@@ -6,10 +6,9 @@ import signal
 import time
 
 import pandas as pd
-import pytest
 import yaml
 
-from tests.conftest import invoke, invoke_popen, needs_root
+from tests.conftest import invoke, invoke_popen
 from tests.unit.test_config import GOOD
 
 
@@ -18,8 +17,6 @@ def write(path, obj):
     return path
 
 
-@needs_root
-@pytest.mark.mininet
 def test_kill_9_mid_sweep_then_resume_runs_each_once(tmp_path, no_leftovers):
     cfg = {**GOOD, "name": "k9", "timeout_s": 120, "seeds": [0, 1, 2],
            "workload": {"model": "cnn", "preset": "tiny", "iterations": 25, "batch_size": 8}}

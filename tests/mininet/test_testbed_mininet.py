@@ -24,9 +24,7 @@ from emu.testbed.monitor import Monitor
 from emu.testbed.network import Testbed
 from emu.testbed.probe import iperf
 from emu.testbed.shaping import Shaper
-from tests.conftest import needs_root
 
-pytestmark = [needs_root, pytest.mark.mininet]
 CEILING = 0.95  # iperf3 goodput / configured rate through htb here
 
 

@@ -248,6 +248,7 @@ def write_sweep(root: Path) -> Path:
     return sweep
 
 
+@pytest.mark.slow
 def test_report_of_a_faceted_sweep_with_repeats_tests_a_claim(tmp_path):
     sweep = write_sweep(tmp_path)
     md = write_report(sweep).read_text()
@@ -273,7 +274,8 @@ def _is_png(path: Path) -> bool:
 
 
 @pytest.mark.parametrize("fn", [plots.speedup_plot, plots.iteration_time_sweep_plot, plots.timeline_plot,
-                                plots.link_utilisation_plot, plots.efficiency_plot, plots.iteration_time_plot],
+                                pytest.param(plots.link_utilisation_plot, marks=pytest.mark.slow),
+                                plots.efficiency_plot, plots.iteration_time_plot],
                          ids=lambda f: f.__name__)
 def test_each_figure_draws_the_mini_sweep(fn, tmp_path):
     out = fn(MINI, out=tmp_path / "fig.png", formats=("png", "pdf"))
@@ -281,6 +283,7 @@ def test_each_figure_draws_the_mini_sweep(fn, tmp_path):
     assert (tmp_path / "fig.pdf").read_bytes()[:4] == b"%PDF"
 
 
+@pytest.mark.slow
 def test_report_task_writes_every_figure_and_the_measured_numbers(tmp_path):
     sweep = tmp_path / "mini"
     shutil.copytree(MINI, sweep)
@@ -300,6 +303,7 @@ def test_report_task_writes_every_figure_and_the_measured_numbers(tmp_path):
     assert "not testable: this sweep has no run of `mercury`" in md  # the mini sweep has fifo and bytescheduler
 
 
+@pytest.mark.slow
 def test_report_without_a_trace_says_why_the_timeline_is_missing(tmp_path):
     sweep = tmp_path / "mini"
     shutil.copytree(MINI, sweep)
@@ -312,11 +316,13 @@ def test_report_without_a_trace_says_why_the_timeline_is_missing(tmp_path):
     assert "![Speedup over the baseline](speedup.png)" in md
 
 
+@pytest.mark.slow
 def test_report_task_refuses_a_missing_sweep(tmp_path):
     res = invoke("report", str(tmp_path / "nothing"), timeout=60)
     assert res.returncode == 2 and "runs.parquet: no such file" in res.stderr
 
 
+@pytest.mark.slow
 def test_notebook_rebuilds_the_figure(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient

@@ -127,6 +127,7 @@ def test_faults_in_force_include_those_just_ended_and_kills():
     f.stop()
 
 
+@pytest.mark.slow
 def test_stop_and_kill_act_on_a_real_process_group():
     """SIGSTOP freezes the whole group (state T), SIGCONT resumes it on time, a kill ends it."""
     p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"],

@@ -86,6 +86,7 @@ def test_summary_has_costs_survivors_and_the_time_to_the_reason(tmp_path):
     assert math.isnan(table.loc[(faults.NONE, "ring"), "fault cost (s)"])
 
 
+@pytest.mark.slow
 def test_figure_and_report_section(tmp_path):
     sweep = made_up(tmp_path)
     png = plots.faults_plot(sweep, out=tmp_path / "f.png")
@@ -96,6 +97,7 @@ def test_figure_and_report_section(tmp_path):
     assert "![Faults](faults.png)" in md and (tmp_path / "report" / "faults.pdf").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_without_faults_has_no_faults_section(tmp_path):
     assert not faults.has_faults(load_runs(MINI))
     with pytest.raises(plots.Skipped):

@@ -1,11 +1,10 @@
-"""Repository hygiene: ruff finds nothing, the lock covers pyproject.toml, the slow list is current.
+"""Repository hygiene: ruff finds nothing, the lock covers pyproject.toml, tests sit in their tiers' folders.
 
 ruff's rules and exclusions are in pyproject.toml ([tool.ruff]); `python -m ruff check .`
 shows the same findings, and `--fix` repairs those marked [*].
 """
 from __future__ import annotations
 
-import ast
 import importlib.util
 import re
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.conftest import REPO, SLOW
+from tests.conftest import REPO
 
 
 def test_ruff_finds_nothing():
@@ -77,15 +76,12 @@ def test_lock_has_the_cpu_torch_and_no_cuda_packages():
     assert not cuda, f"CUDA packages in the lock (was it compiled where only the CUDA torch was found?): {cuda}"
 
 
-def test_every_slow_entry_names_a_test():
-    """conftest.SLOW names tests by node id; a renamed or removed test would leave a stale entry
-    (its parameter part is a pattern, not checked here)."""
-    stale = []
-    for entry in SLOW:
-        path, _, name = entry.partition("::")
-        file = REPO / path
-        functions = {n.name for n in ast.walk(ast.parse(file.read_text()))
-                     if isinstance(n, ast.FunctionDef)} if file.exists() else set()
-        if name.partition("[")[0] not in functions:
-            stale.append(entry)
-    assert not stale, f"tests/conftest.py SLOW names tests that do not exist: {stale}"
+def test_tiers_are_folders_and_slow_is_marked_on_the_tests():
+    """Every test module sits in a tier's folder (tests/conftest.py marks it from there); `slow` is on the
+    tests themselves, not in a list of node ids."""
+    tests = REPO / "tests"
+    stray = [str(p.relative_to(REPO)) for p in tests.rglob("test_*.py")
+             if p.parent.name not in ("unit", "loopback", "mininet") and "data" not in p.relative_to(tests).parts]
+    assert not stray, f"test modules outside tests/unit, tests/loopback and tests/mininet: {stray}"
+    ids = re.findall(r"tests/[\w/]+\.py::\w+", (tests / "conftest.py").read_text())
+    assert not ids, f"tests/conftest.py names tests by id (mark them instead): {ids}"

@@ -28,7 +28,8 @@ def count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("model", sorted(PAPER_PARAMS))
+@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.slow) if m in ("bert", "lstm") else m
+                                   for m in sorted(PAPER_PARAMS)])
 def test_paper_preset_has_the_published_size(model):
     with torch.device("meta"):   # 0.5 GB for VGG-16 otherwise
         net = build(model, "paper", seed=0)
@@ -49,7 +50,8 @@ def test_tiny_and_small_presets_fit_their_purpose(model, preset):
     assert any(not torch.equal(p, r) for p, r in zip(net.parameters(), other.parameters()))
 
 
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.slow) if m in ("resnet", "vgg") else m
+                                   for m in MODELS])
 def test_forward_matches_the_data(model):
     spec = input_spec(model, "tiny")
     x, y = make("synthetic", spec, seed=0, rank=0, batch_size=4).batch()

@@ -156,6 +156,7 @@ def test_applying_again_replaces_the_physics_findings_and_restores_the_monitors_
     assert decode(fixed["fidelity_codes"]) == []
 
 
+@pytest.mark.slow
 def test_the_report_lists_a_run_that_breaks_physics_instead_of_averaging_it(sweep, monkeypatch):
     monkeypatch.setattr(report, "FIGURES", [])  # the figures are another test's; this one reads the text
     honest = report.write_report(sweep, sweep / "honest").read_text()

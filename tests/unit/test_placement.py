@@ -251,6 +251,7 @@ def test_bad_roles_name_the_field(tmp_path, cfg, message):
     assert str(e.value) == message
 
 
+@pytest.mark.slow
 def test_cli_bad_best_one_line_exit_2_nothing_created(tmp_path):
     results = tmp_path / "results"
     r = invoke("run", str(write(tmp_path, variant("scheduler", "ring"))), "--results", str(results), timeout=60)

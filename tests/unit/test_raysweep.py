@@ -54,6 +54,7 @@ def test_addresses():
         raysweep.parse_address(f"127.0.0.1:{port}")
 
 
+@pytest.mark.slow
 def test_cli_unreachable_address_exit_2_nothing_created(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(GOOD))
     port = closed_port()

@@ -177,6 +177,7 @@ def test_committed_profile_matches_the_zoo(model, preset):
         assert [(t.key, t.name, t.layer) for t in prof.by_key] == [(t.key, t.name, t.priority) for t in tr.tensors]
 
 
+@pytest.mark.slow
 def test_profiler_cli_writes_a_replayable_profile(tmp_path):
     out = tmp_path / "p.json"
     r = subprocess.run([sys.executable, "-m", "workloads.profile", "lstm", "tiny", "--iterations", "2",

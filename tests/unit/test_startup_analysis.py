@@ -125,6 +125,7 @@ def test_a_sweep_without_both_costs_and_partitions_has_no_startup_section(tmp_pa
     assert _startup(mini_runs, mini_iters, MINI, tmp_path) == []
 
 
+@pytest.mark.slow
 def test_startup_figure_and_report_section(tmp_path):
     sweep = write_made_up(tmp_path)
     out = plots.startup_plot(sweep, out=tmp_path / "startup.png", formats=("png", "pdf"))
@@ -159,6 +160,7 @@ def test_the_startup_sweep_file():
     assert len(seen) == len(variants) == 24  # every setting is a variant of its own in the report
 
 
+@pytest.mark.slow
 def test_report_has_the_startup_section(tmp_path):
     """The whole report of the made-up sweep (role specs, links and config borrowed from a
     mini run): the generic sections take the labelled variants, and the section is in."""

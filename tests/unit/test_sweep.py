@@ -85,6 +85,7 @@ def test_grid_points_share_the_base_config(tmp_path):
     assert {e.net.rate("w1", "s1") for e in plan.experiments} == {10}
 
 
+@pytest.mark.slow
 def test_cli_bad_sweep_exit_2_nothing_run(tmp_path):
     write(tmp_path / "base.yaml", GOOD)
     r = invoke("sweep", str(write(tmp_path / "s.yaml", {"base": "base.yaml", "grid": {}, "zip": {"a": 1}})),

@@ -93,6 +93,7 @@ def test_search_space_round_trips_and_keeps_credit_at_least_one_partition():
 
 
 @pytest.mark.parametrize("sampler,budget", [("tpe", 40), ("gp", 20)])
+@pytest.mark.slow
 def test_study_finds_the_optimum_of_a_synthetic_function_within_the_budget(tmp_path, sampler, budget):
     run = StandIn()
     rec = tune(spec_for(tmp_path, budget, sampler=sampler), tmp_path / "results", run=run, log=lambda s: None)
@@ -108,6 +109,7 @@ def test_study_finds_the_optimum_of_a_synthetic_function_within_the_budget(tmp_p
     assert rec["best"]["objective"] < rec["config_values"]["objective"]
 
 
+@pytest.mark.slow
 def test_p3_slice_is_tuned_too(tmp_path):
     rec = tune(spec_for(tmp_path, 20, scheduler="p3"), tmp_path / "results", run=StandIn(), log=lambda s: None)
     assert set(rec["best"]["params"]) == {"slice_numel"}
@@ -115,6 +117,7 @@ def test_p3_slice_is_tuned_too(tmp_path):
     assert rec["config_values"]["params"] == {"slice_numel": 40_000}   # P3's default, the config has no p3 section
 
 
+@pytest.mark.slow
 def test_same_seed_same_trials_and_resuming_does_not_repeat_finished_trials(tmp_path):
     whole = tune(spec_for(tmp_path / "a", 12), tmp_path / "a" / "results", run=StandIn(), log=lambda s: None)
     first, second = StandIn(), StandIn()
@@ -133,6 +136,7 @@ def test_same_seed_same_trials_and_resuming_does_not_repeat_finished_trials(tmp_
     assert sorted(runs["run_id"]) == sorted(t["run_id"] for t in rec["trials"])
 
 
+@pytest.mark.slow
 def test_an_interrupted_trial_runs_again_first_on_resume(tmp_path):
     root = tmp_path / "results"
     stop = StandIn(interrupt_at=3)
@@ -148,6 +152,7 @@ def test_an_interrupted_trial_runs_again_first_on_resume(tmp_path):
     assert rec["cost"]["runs"] == 7, "the interrupted run cost a run too"
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_a_failed_trial_and_a_measured_proposal_is_reused(tmp_path):
     root = tmp_path / "results"
     run = StandIn(fail_when=lambda p: p["partition_numel"] > 1_000_000)
@@ -258,6 +263,7 @@ def test_bad_requests_are_one_config_error(tmp_path, scheduler, budget, extra, m
     (["--scheduler", "fifo", "--budget", "5"],
      "error: --scheduler fifo: has no tunables to tune (tunable: bytescheduler, p3)"),
 ], ids=["budget-0", "unknown-scheduler", "no-tunables"])
+@pytest.mark.slow
 def test_cli_refuses_bad_input_with_one_line_exit_2_nothing_created(tmp_path, args, message):
     results = tmp_path / "results"
     r = invoke("tune", str(write_config(tmp_path)), *args, "--results", str(results), timeout=60)

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from contracts import progress as contract
 from contracts.progress import ConnProgress, RoleProgress
 from emu.config.watchdog import MAX_S, MIN_S, WatchdogConfig
@@ -215,6 +217,7 @@ def test_peers_are_named_by_listening_address_else_by_host():
 # ---------------------------------------------------------------- the role side, for real
 
 
+@pytest.mark.slow
 def test_a_stopped_role_stops_reporting_and_shows_as_stopped(tmp_path):
     code = ("import sys, time\nfrom schedulers.core.progress import ProgressReporter\n"
             "r = ProgressReporter(sys.argv[1], 'worker0', interval_s=0.1).start()\n"
