@@ -3,6 +3,7 @@ test starts, and leftover detection."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +47,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=NEEDS_ROOT))
 
 
+@pytest.fixture(autouse=True)
+def scheduler_infos():
+    """The registry's scheduler descriptions handed to analysis as tasks.py hands them over
+    (analysis/catalog.py), for tests that call analysis directly on rows older than their record."""
+    from analysis import catalog
+    from schedulers.registry import infos
+
+    catalog.install(infos())
+
+
 def invoke(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """Run one of tasks.py's tasks the way a user does (without the bootstrap wrapper)."""
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
@@ -78,6 +89,56 @@ def invoke_popen(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             start_new_session=True)
+
+
+class Procs(list):
+    """The processes a test started (see the `procs` fixture): `start` starts one, `add` (or `append`)
+    takes one started elsewhere; each is returned."""
+
+    def start(self, *args, **kw) -> subprocess.Popen:
+        return self.add(subprocess.Popen(*args, **kw))
+
+    def add(self, p: subprocess.Popen) -> subprocess.Popen:
+        try:   # a process started with start_new_session=True leads its own group: the group goes with it
+            p.own_group = os.getpgid(p.pid) == p.pid
+        except ProcessLookupError:
+            p.own_group = False
+        super().append(p)
+        return p
+
+    def append(self, p: subprocess.Popen) -> None:
+        self.add(p)
+
+    def end(self, timeout: float = 10) -> None:
+        """Kill what still runs (its whole process group where it leads one) and wait for it."""
+        for p in self:
+            if p.poll() is not None:
+                continue    # reaped: its pid, and so its group's id, may be another process's by now
+            try:
+                if p.own_group:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    os.killpg(p.pid, signal.SIGCONT)   # a stopped member takes SIGKILL only once running
+                else:
+                    p.kill()
+            except ProcessLookupError:
+                pass
+        for p in self:
+            try:
+                p.wait(timeout)
+            finally:
+                for stream in (p.stdin, p.stdout, p.stderr):
+                    if stream is not None:
+                        stream.close()
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts (`procs.start(argv, ...)`, or `procs.add(popen)`): whatever is still running at
+    its end is killed, with its process group where it leads one, and waited for. Ask for it after
+    `no_leftovers`, so that it ends them before that fixture looks."""
+    started = Procs()
+    yield started
+    started.end()
 
 
 def interfaces() -> set[str]:

@@ -14,19 +14,16 @@ from pathlib import Path
 from contracts.role_spec import Address, role_specs
 from emu.config.experiment import Experiment, validate_experiment
 from tests.conftest import REPO
+from tests.factories import _sections, experiment, star_topology
 from workloads.local import free_ports
 
 
 def replay_job(**changes) -> Experiment:
     """A server and two replay workers (no torch: quick to start) on hosts ps, w0, w1."""
-    from tasks import _sections
-
-    return validate_experiment({
-        "name": "loopback", "timeout_s": 120,
-        "topology": {"kind": "star", "hosts": [{"name": h, "bw_mbps": 100} for h in ("ps", "w0", "w1")]},
-        "roles": {"servers": ["ps"], "workers": ["w0", "w1"]},
-        "workload": {"model": "cnn", "preset": "small", "compute": "replay", "iterations": 100_000},
-        "scheduler": "fifo", **changes}, _sections())
+    return validate_experiment(experiment(**{
+        "name": "loopback", "timeout_s": 120, "topology": star_topology(ps=100, w0=100, w1=100),
+        "workload": {"model": "cnn", "preset": "small", "compute": "replay", "iterations": 100_000}, **changes}),
+        _sections())
 
 
 class LoopbackBed:

@@ -18,22 +18,12 @@ import pytest
 from schedulers import registry
 from schedulers.collective.forest import Forest, layout
 from schedulers.collective.forest_plan import plan_forest
-from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
+from schedulers.core.base import CommError, TensorSpec
 from tests.conftest import REPO as REPO_PATH
-from workloads.local import free_ports
+from tests.factories import star_links
+from tests.loopback_jobs import assert_averages, ctx, endpoints, run_threads
 
 REPO = str(REPO_PATH)
-
-
-def star(rates):
-    """A capacity graph as emu/testbed/topology.py builds it (node-link data)."""
-    g = nx.DiGraph()
-    g.add_node("s1", kind="switch")
-    for i, c in enumerate(rates):
-        g.add_node(f"h{i}", kind="host")
-        g.add_edge(f"h{i}", "s1", capacity=c * 1e6)
-        g.add_edge("s1", f"h{i}", capacity=c * 1e6)
-    return nx.node_link_data(g, edges="links")
 
 
 def two_racks(per_rack, uplink):
@@ -52,50 +42,6 @@ def two_racks(per_rack, uplink):
             g.add_edge(h, tor, capacity=100e6)
             g.add_edge(tor, h, capacity=100e6)
     return nx.node_link_data(g, edges="links"), hosts
-
-
-
-def endpoints(hosts):
-    return [Endpoint(h, "127.0.0.1", p) for h, p in zip(hosts, free_ports(len(hosts)), strict=True)]
-
-
-def ctx(rank, eps, topology, timeout=20.0, trace=False):
-    return RoleContext(rank, len(eps), [], eps, topology=topology, connect_timeout_s=timeout, trace=trace)
-
-
-def run_threads(fn, n, join_s=60.0):
-    """fn(rank) in n threads; returns {rank: result or exception} and the wall time."""
-    out: dict[int, object] = {}
-
-    def target(r):
-        try:
-            out[r] = fn(r)
-        except BaseException as e:  # noqa: BLE001
-            out[r] = e
-
-    ths = [threading.Thread(target=target, args=(r,), daemon=True) for r in range(n)]
-    t0 = time.monotonic()
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(max(join_s - (time.monotonic() - t0), 0.1))
-        assert not t.is_alive(), "a worker hung"
-    return out, time.monotonic() - t0
-
-
-def assert_averages(out, grads, identical=False):
-    """out[rank] = (per iteration, per key, what wait() returned, ...): no worker failed, and
-    every one got the reference average (identical: the same bytes as worker 0's)."""
-    errors = [e for e in out.values() if isinstance(e, BaseException)]
-    assert not errors, errors
-    n = len(out)
-    for it, per_rank in enumerate(grads):
-        for k in range(len(per_rank[0])):
-            ref = np.mean([per_rank[r][k].astype(np.float64) for r in range(n)], axis=0)
-            for r in range(n):
-                np.testing.assert_allclose(out[r][0][it][k], ref, rtol=1e-5, atol=1e-6)
-                if identical:   # every worker gets the root's bytes: replicas stay bit-identical
-                    assert np.array_equal(out[r][0][it][k], out[0][0][it][k])
 
 
 def allreduce_job(hosts, topology, sizes, iterations, params, seed=0):
@@ -134,7 +80,7 @@ SIZES = [1, 7, 1000, 4099, 30_001]
 def test_heterogeneous_star_average(n):
     rates = [100] * max(n - 2, 1) + [10] * min(n - 1, 2)
     hosts = [f"h{i}" for i in range(n)]
-    plan = allreduce_job(hosts, star(rates), SIZES, 3, {"chunk_numel": 1024}, seed=n)
+    plan = allreduce_job(hosts, star_links(rates), SIZES, 3, {"chunk_numel": 1024}, seed=n)
     json.dumps(plan, allow_nan=False)
 
 
@@ -142,7 +88,7 @@ def test_many_trees_random_tensor_sets():
     """Uniform star: one tree per worker, so every tensor is cut across several trees."""
     rng = np.random.default_rng(7)
     sizes = [int(s) for s in rng.integers(1, 5000, size=12)] + [2, 3, 65_537]
-    plan = allreduce_job([f"h{i}" for i in range(4)], star([100] * 4), sizes, 2, {"chunk_numel": 512})
+    plan = allreduce_job([f"h{i}" for i in range(4)], star_links([100] * 4), sizes, 2, {"chunk_numel": 512})
     assert len(plan["trees"]) == 4 and len({t["root"] for t in plan["trees"]}) == 4
 
 
@@ -191,7 +137,7 @@ def test_trace_records_sends_and_results():
     tensors = [TensorSpec(0, "w", 3000, 0)]
 
     def work(r):
-        s = Forest(ctx(r, eps, star([100, 100]), trace=True), Forest.Params(chunk_numel=1000))
+        s = Forest(ctx(r, eps, star_links([100, 100]), trace=True), Forest.Params(chunk_numel=1000))
         s.start(tensors)
         s.push(0, np.ones(3000, np.float32), 0)
         s.wait(0, 0)
@@ -228,11 +174,11 @@ time.sleep(60)
 
 
 @pytest.mark.slow
-def test_killed_worker_named_by_every_worker_within_bounded_time():
+def test_killed_worker_named_by_every_worker_within_bounded_time(procs):
     """Kill -9 a leaf of a single-tree plan: only its parent sees the connection break; the
     others learn it from the ABORT passed along the tree and still name the dead worker."""
     rates = [100, 100, 100, 10, 10]
-    topo = star(rates)
+    topo = star_links(rates)
     hosts = [f"h{i}" for i in range(5)]
     eps = endpoints(hosts)
     plan = plan_forest(topo, hosts)
@@ -240,8 +186,8 @@ def test_killed_worker_named_by_every_worker_within_bounded_time():
     neighbours = {t.parent[victim] for t in plan.trees} | {c for t in plan.trees for c in t.children(victim)}
     assert len(neighbours - {-1}) < 4, "precondition: some workers are not the victim's neighbours"
     arg = json.dumps({"rank": victim, "eps": [[e.host, e.ip, e.port] for e in eps], "topo": topo})
-    proc = subprocess.Popen([sys.executable, "-c", VICTIM, arg], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+    proc = procs.start([sys.executable, "-c", VICTIM, arg], cwd=REPO, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
     ready = threading.Event()
 
     def work(r):
@@ -265,16 +211,12 @@ def test_killed_worker_named_by_every_worker_within_bounded_time():
             s.close()
         return "no error", 0.0
 
-    try:
-        def killer():
-            ready.wait(30)
-            time.sleep(0.5)                          # let the others block in wait()
-            os.kill(proc.pid, signal.SIGKILL)
-        threading.Thread(target=killer, daemon=True).start()
-        out, _ = run_threads(work, 5, join_s=45)
-    finally:
-        proc.kill()
-        proc.wait()
+    def killer():
+        ready.wait(30)
+        time.sleep(0.5)                          # let the others block in wait()
+        os.kill(proc.pid, signal.SIGKILL)
+    threading.Thread(target=killer, daemon=True).start()
+    out, _ = run_threads(work, 5, join_s=45)
     for r in range(5):
         if r == victim:
             continue
@@ -291,7 +233,7 @@ def test_worker_that_never_starts_is_named():
     def work(r):
         if r == 0:
             return None                               # worker 0 never shows up
-        s = Forest(ctx(r, eps, star([100] * 3), timeout=2), Forest.Params())
+        s = Forest(ctx(r, eps, star_links([100] * 3), timeout=2), Forest.Params())
         s.start([TensorSpec(0, "w", 10, 0)])
         return "started"
 
@@ -306,7 +248,7 @@ def test_different_plans_refuse_to_connect():
     """Worker 2 was given another capacity graph: its trees differ, so nobody may start."""
     hosts = ["h0", "h1", "h2"]
     eps = endpoints(hosts)
-    topos = [star([100, 100, 100])] * 2 + [star([100, 100, 10])]
+    topos = [star_links([100, 100, 100])] * 2 + [star_links([100, 100, 10])]
     assert plan_forest(topos[0], hosts).digest() != plan_forest(topos[2], hosts).digest()
 
     def work(r):
@@ -325,7 +267,7 @@ def test_worker_that_leaves_early_is_named(who):
     child or their parent in the tree, must not wait forever."""
     hosts = [f"h{i}" for i in range(4)]
     eps = endpoints(hosts)
-    topo = star([100, 100, 10, 10])
+    topo = star_links([100, 100, 10, 10])
     (tree,) = plan_forest(topo, hosts).trees          # one star tree: slow hosts are leaves
     early = tree.root if who == "root" else 2
     assert (tree.parent[early] == -1) == (who == "root")
@@ -349,4 +291,4 @@ def test_worker_that_leaves_early_is_named(who):
 def test_without_priority_the_averages_are_the_same():
     """priority: false only reorders frames on each link (first come, first sent)."""
     hosts = [f"h{i}" for i in range(4)]
-    allreduce_job(hosts, star([100, 100, 10, 10]), SIZES, 2, {"priority": False, "chunk_numel": 2048})
+    allreduce_job(hosts, star_links([100, 100, 10, 10]), SIZES, 2, {"priority": False, "chunk_numel": 2048})

@@ -15,7 +15,8 @@ from schedulers.collective.forest import Forest
 from schedulers.collective.forest_plan import plan_forest
 from schedulers.core.base import CommError, TensorSpec
 from schedulers.core.linkmodel import LinkModel
-from tests.loopback.test_forest import assert_averages, ctx, endpoints, run_threads, star
+from tests.factories import star_links
+from tests.loopback_jobs import assert_averages, ctx, endpoints, run_threads
 
 MBPS = 1e6
 
@@ -33,7 +34,7 @@ def test_rounds_all_to_all_a_ring_then_a_fan_per_worker():
 def test_estimate_sums_flows_per_link_and_the_fan_finds_a_fast_host():
     """Star: h0 at 100 Mb/s, h1..h3 at 10. All-to-all gives each flow into a slow host a third
     of its 10 Mb/s, so h0's uplink carries 10 there; h0's fan round sends 10 to each: 30."""
-    topo = star([100, 10, 10, 10])
+    topo = star_links([100, 10, 10, 10])
     hosts = [f"h{i}" for i in range(4)]
     model = LinkModel.from_graph(topo, hosts)
     all_to_all = {(i, j): 10 / 3 * MBPS for i in range(4) for j in range(4) if i != j}
@@ -49,13 +50,13 @@ def test_estimate_sums_flows_per_link_and_the_fan_finds_a_fast_host():
 
 def test_structure_keeps_non_worker_hosts_as_hosts():
     """A tenant's host in the graph must not become a relay when capacities are replaced."""
-    topo = star([100, 100, 100])
+    topo = star_links([100, 100, 100])
     graph, nodes, model = structure(topo, ["h0", "h1"])
     kinds = {n["id"]: n["kind"] for n in with_capacities(graph, model, np.ones(len(model.links)))["nodes"]}
     assert kinds == {"s1": "switch", "h0": "host", "h1": "host", "h2": "host"} and nodes == ["h0", "h1"]
     _, nodes, model = structure(None, ["lo"] * 3)
     assert nodes == ["worker0", "worker1", "worker2"] and len(model.links) == 6
-    assert skeleton(star([1, 2])) == skeleton(star([3, 4])) != skeleton(star([1, 2, 3]))
+    assert skeleton(star_links([1, 2])) == skeleton(star_links([3, 4])) != skeleton(star_links([1, 2, 3]))
 
 
 def _job(n, iterations, delay_at=None, params=None):
@@ -70,7 +71,7 @@ def _job(n, iterations, delay_at=None, params=None):
              for _ in range(iterations)]
 
     def work(r):
-        sched = registry.create("forest", ctx(r, eps, star([100] * n)), {"probe_s": 0.1, **(params or {})})
+        sched = registry.create("forest", ctx(r, eps, star_links([100] * n)), {"probe_s": 0.1, **(params or {})})
         sched.start(tensors)
         got = []
         for it in range(iterations):
@@ -112,7 +113,7 @@ def test_workers_that_know_different_networks_refuse_to_connect():
     """Measured bandwidth ignores the rates, but not which links exist."""
     hosts = ["h0", "h1", "h2"]
     eps = endpoints(hosts)
-    topos = [star([100, 100, 100]), star([100, 100, 100]), star([100, 100, 100, 100])]
+    topos = [star_links([100, 100, 100]), star_links([100, 100, 100]), star_links([100, 100, 100, 100])]
 
     def work(r):
         s = Forest(ctx(r, eps, topos[r], timeout=5), Forest.Params())

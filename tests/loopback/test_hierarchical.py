@@ -14,7 +14,8 @@ from schedulers import registry
 from schedulers.collective.hierarchical import Hierarchical, HierarchicalParams, groups
 from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
 from schedulers.transport.connection import Connection
-from tests.loopback.test_schedulers_loopback import drive, free_ports, gradient, spawn_job, tensor_set
+from tests.loopback_jobs import drive, gradient, spawn_job, tensor_set
+from workloads.local import free_ports
 
 SMALL = {"bucket_mb": 0.05, "first_bucket_mb": 0.01, "chunk_kb": 16}  # many buckets and chunks
 DEATH_BOUND_S = 10  # every survivor must have failed this long after a death

@@ -23,8 +23,7 @@ from pydantic import ValidationError
 from schedulers.core.base import TensorSpec
 from schedulers.registry import params_models
 from schedulers.transport.connection import Kind, Mode, Outbox, connect
-from tests.loopback.test_schedulers_loopback import SMALL_PARTS, run_job
-from tests.loopback.test_schedulers_ps_family import Servers, create, run_workers
+from tests.loopback_jobs import SMALL_PARTS, Servers, create, run_job, run_workers
 
 PS_FAMILY = ["fifo", "bytescheduler", "p3", "mercury"]
 

@@ -13,32 +13,10 @@ import pytest
 from schedulers import registry
 from schedulers.core.base import Endpoint, RoleContext
 from schedulers.ps.server import ParameterServer
+from tests.factories import synthetic_profile
 from workloads import profile_file
 from workloads.local import run_job
 from workloads.replay import TILE, Replay
-
-
-def synthetic_profile(layers, model="cnn", preset="tiny", batch_size=32, lead=0.0, tail=0.0) -> profile_file.Profile:
-    """layers: [(forward_s, [(numel, backward_s), ...]), ...] in forward order; backward
-    produces the last layer's tensors first."""
-    keys, out_layers, key = [], [], 0
-    for _, tensors in layers:
-        keys.append(list(range(key, key + len(tensors))))
-        key += len(tensors)
-    tensors = []
-    for i in reversed(range(len(layers))):
-        for k, (numel, gap) in zip(keys[i], layers[i][1], strict=True):
-            tensors.append(profile_file.Tensor(key=k, name=f"l{i}.t{k}", shape=[numel], numel=numel, layer=i,
-                                               backward_s=gap))
-    for i, (fwd, ts) in enumerate(layers):
-        out_layers.append(profile_file.Layer(name=f"l{i}", keys=keys[i], forward_s=fwd,
-                                             backward_s=sum(g for _, g in ts)))
-    return profile_file.Profile(
-        model=model, preset=preset, batch_size=batch_size,
-        device=profile_file.Device(kind="cpu", name="test", threads=1, torch="none"),
-        warmup=1, iterations=1, created="test", clock="wall", iteration_s=0.0, forward_lead_s=lead,
-        backward_tail_s=tail,
-        layers=out_layers, tensors=tensors, grad_bytes=4 * sum(n for _, ts in layers for n, _ in ts))
 
 
 class Recorder:

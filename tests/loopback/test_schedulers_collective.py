@@ -15,7 +15,10 @@ from schedulers.collective.buckets import MiB, assign_buckets
 from schedulers.collective.ring import Ring, RingParams, ring_chunks
 from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
 from schedulers.transport.connection import Connection
-from tests.loopback.test_schedulers_loopback import POOL, REPO, drive, free_ports, run_job, spawn_job, star
+from tests.conftest import REPO
+from tests.factories import star_links
+from tests.loopback_jobs import POOL, drive, gradient, run_job, spawn_job, tensor_set
+from workloads.local import free_ports
 
 DEATH_BOUND_S = 10  # every survivor must have failed this long after a death
 
@@ -173,7 +176,7 @@ def _survivors(name, params, eps, ranks, sizes, iterations, results, connect_tim
     """Run `ranks` as threads; results[rank] = (error text or None, seconds until it came)."""
     def work(r):
         t0 = time.monotonic()
-        ctx = RoleContext(r, len(eps), [], eps, topology=star([e.host for e in eps]),
+        ctx = RoleContext(r, len(eps), [], eps, topology=star_links({e.host: 1000 for e in eps}),
                           connect_timeout_s=connect_timeout_s)
         try:
             drive(name, params, ctx, sizes, iterations, seed=0)
@@ -189,7 +192,8 @@ def _survivors(name, params, eps, ranks, sizes, iterations, results, connect_tim
 
 def _spec(name, params, eps, rank, sizes, iterations, **kw):
     return {"name": name, "params": params, "rank": rank, "servers": [], "workers": [vars(e) for e in eps],
-            "topology": star([e.host for e in eps]), "sizes": sizes, "iterations": iterations, "seed": 0, **kw}
+            "topology": star_links({e.host: 1000 for e in eps}), "sizes": sizes, "iterations": iterations, "seed": 0,
+            **kw}
 
 
 @pytest.mark.parametrize("stop_after", [0, 3], ids=["dies-idle", "dies-mid-backward"])
@@ -331,12 +335,11 @@ def test_topology_ring_order_crosses_the_uplink_once_each_way():
     assert sorted(order) == list(range(6)) and order[0] == 0
     assert model.ring_rate_of(order) == pytest.approx(3 * model.ring_rate_of(list(range(6))))
     assert ring_order(two_racks(hosts), hosts, "given") == list(range(6))
-    assert ring_order(star(hosts), hosts, "topology") == list(range(6))
+    assert ring_order(star_links({h: 1000 for h in hosts}), hosts, "topology") == list(range(6))
 
 
 def test_topology_ordered_ring_averages_exactly():
     """The searched order changes who talks to whom; the averages stay the reference's."""
-    from tests.loopback.test_schedulers_loopback import gradient, tensor_set
 
     eps = endpoints(6)
     topology = two_racks([e.host for e in eps])

@@ -16,82 +16,21 @@ import numpy as np
 import pytest
 
 from contracts.role_spec import Address, role_specs
-from schedulers import registry
-from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
-from schedulers.ps.server import ParameterServer
+from schedulers.core.base import CommError, Endpoint, TensorSpec
 from schedulers.transport.connection import AUTO, INITIAL_LOWAT, QUEUE_S, Connection, Kind, Mode, Outbox, connect
 from tests.conftest import REPO
+from tests.loopback_jobs import Servers, create, run_workers
 
 KiB = 1024
 
 
 # ---------------------------------------------------------------- helpers
-class Servers:
-    """In-process parameter servers, each serving in its own thread."""
-
-    def __init__(self, n: int, workers: int, mode: Mode | None = None, trace: bool = False):
-        self.ps = [ParameterServer(s, workers, "127.0.0.1", 0, accept_timeout_s=20, mode=mode, trace=trace,
-                                   log=lambda msg: None) for s in range(n)]
-        self.errors: list[BaseException] = []
-        self.threads = [threading.Thread(target=self._serve, args=(p,), daemon=True) for p in self.ps]
-        for t in self.threads:
-            t.start()
-
-    def _serve(self, ps):
-        try:
-            ps.serve()
-        except BaseException as e:  # noqa: BLE001
-            self.errors.append(e)
-
-    @property
-    def endpoints(self) -> list[Endpoint]:
-        return [Endpoint("lo", "127.0.0.1", p.port) for p in self.ps]
-
-    def join(self, timeout: float = 20) -> None:
-        for t in self.threads:
-            t.join(timeout)
-            assert not t.is_alive(), "a server hung"
-
-
-def run_workers(n: int, body, timeout: float = 30) -> tuple[dict, list]:
-    """Run body(rank) in n threads; returns ({rank: result}, [(rank, exception)])."""
-    results, errors = {}, []
-
-    def run(rank):
-        try:
-            results[rank] = body(rank)
-        except BaseException as e:  # noqa: BLE001
-            errors.append((rank, e))
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), "a worker hung"
-    return results, errors
-
-
-def create(name: str, rank: int, workers: int, eps: list[Endpoint], params: dict | None = None, trace=False):
-    ctx = RoleContext(rank, workers, eps, connect_timeout_s=20, trace=trace)
-    return registry.create(name, ctx, params or {})
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture
-def procs():
-    """Processes a test starts; whatever is still running at its end is killed."""
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def server_process(procs, tmp_path, rank: int, ports: list[int], workers: int, name: str,

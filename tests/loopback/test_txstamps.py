@@ -18,7 +18,8 @@ from emu.run.runner import collect_tx_frames, tx_summary
 from schedulers.core.base import TensorSpec
 from schedulers.transport.connection import HEADER, Connection, Kind, Outbox
 from schedulers.transport.txstamps import FLAGS, SO_TIMESTAMPING, FrameLog, TxStamps, merge, save
-from tests.loopback.test_schedulers_ps_family import Servers, create
+from tests.factories import synthetic_profile
+from tests.loopback_jobs import Servers, create
 
 KiB = 1024
 H = HEADER.size
@@ -208,7 +209,6 @@ def test_traced_job_writes_the_table_and_the_row_figures(tmp_path):
     `<role><rank>.tx_frames.npz`; the runner's `_collect` makes them one table."""
     from emu.run.runner import _collect
     from schedulers.registry import SCHEDULERS
-    from tests.unit.test_replay import synthetic_profile
     from workloads import profile_file
     from workloads.local import run_job
 

@@ -15,16 +15,10 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, interfaces, invoke, invoke_popen, wait_for, worker_progress
+from tests.factories import experiment, star_topology
 
-TINY = {
-    "name": "e2e",
-    "timeout_s": 120,
-    "topology": {"kind": "star", "hosts": [{"name": "ps", "bw_mbps": 100}, {"name": "w0", "bw_mbps": 40},
-                                           {"name": "w1", "bw_mbps": 20}]},
-    "roles": {"servers": ["ps"], "workers": ["w0", "w1"]},
-    "workload": {"model": "cnn", "preset": "tiny", "iterations": 6, "batch_size": 8, "warmup": 1},
-    "scheduler": "fifo",
-}
+TINY = experiment(name="e2e", timeout_s=120, topology=star_topology(ps=100, w0=40, w1=20),
+                  workload={"model": "cnn", "preset": "tiny", "iterations": 6, "batch_size": 8, "warmup": 1})
 
 
 def config(tmp_path: Path, **changes) -> Path:
@@ -78,18 +72,14 @@ def test_run_end_to_end_and_resume(tmp_path, no_leftovers):
     assert len(pd.read_parquet(results / "e2e" / "runs.parquet")) == 1
 
 
-def test_crashed_worker_fails_the_run_cleanly(tmp_path, no_leftovers):
+def test_crashed_worker_fails_the_run_cleanly(tmp_path, no_leftovers, procs):
     results = tmp_path / "results"
-    proc = invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results))
-    try:
-        wait_for(lambda: progress(results) >= 2, 120, "worker1 to train")
-        state = Path("/run/schedlab") / str(proc.pid)
-        rec = wait_for(lambda: list(state.glob("proc-role-worker1-*.json")), 10, "worker1's record")
-        os.killpg(json.loads(rec[0].read_text())["pid"], signal.SIGKILL)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = procs.add(invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results)))
+    wait_for(lambda: progress(results) >= 2, 120, "worker1 to train")
+    state = Path("/run/schedlab") / str(proc.pid)
+    rec = wait_for(lambda: list(state.glob("proc-role-worker1-*.json")), 10, "worker1's record")
+    os.killpg(json.loads(rec[0].read_text())["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err[-2000:]
     row = pd.read_parquet(results / "e2e" / "runs.parquet").iloc[0]
     assert row["status"] == "failed"
@@ -97,16 +87,12 @@ def test_crashed_worker_fails_the_run_cleanly(tmp_path, no_leftovers):
     assert (results / "e2e" / row["run_id"] / "logs" / "server0.err").exists()
 
 
-def test_ctrl_c_tears_down_and_records(tmp_path, no_leftovers):
+def test_ctrl_c_tears_down_and_records(tmp_path, no_leftovers, procs):
     results = tmp_path / "results"
-    proc = invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results))
-    try:
-        wait_for(lambda: progress(results) >= 2, 120, "training to start")
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = procs.add(invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results)))
+    wait_for(lambda: progress(results) >= 2, 120, "training to start")
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err
     row = pd.read_parquet(results / "e2e" / "runs.parquet").iloc[0]
@@ -121,17 +107,13 @@ def test_timeout_is_recorded(tmp_path, no_leftovers):
     assert row["status"] == "failed" and row["reason"].startswith("timed out after 6 s (timeout_s)"), row["reason"]
 
 
-def test_kill_9_then_clean_removes_everything(tmp_path, no_leftovers):
+def test_kill_9_then_clean_removes_everything(tmp_path, no_leftovers, procs):
     results = tmp_path / "results"
     before = interfaces()
-    proc = invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results))
-    try:
-        wait_for(lambda: progress(results) >= 1, 120, "training to start")
-        os.killpg(proc.pid, signal.SIGKILL)  # the orchestrator dies without any teardown
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = procs.add(invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results)))
+    wait_for(lambda: progress(results) >= 1, 120, "training to start")
+    os.killpg(proc.pid, signal.SIGKILL)  # the orchestrator dies without any teardown
+    proc.wait(10)
     assert interfaces() - before, "expected the killed run to leave its network behind"
     r = invoke("clean", timeout=60)
     assert r.returncode == 0, r.stderr
@@ -205,16 +187,12 @@ def test_fresh_machine_runs_cubic_and_is_left_as_found(tmp_path, fresh_machine, 
         FRESH_ALLOWED, FRESH_ALLOWED + " cubic"]
 
 
-def test_fresh_machine_kill_9_then_clean_restores_settings(tmp_path, fresh_machine, no_leftovers):
+def test_fresh_machine_kill_9_then_clean_restores_settings(tmp_path, fresh_machine, no_leftovers, procs):
     results = tmp_path / "results"
-    proc = invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results))
-    try:
-        wait_for(lambda: progress(results) >= 1, 120, "training to start")
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = procs.add(invoke_popen("run", str(config(tmp_path, workload__iterations=10_000)), "--results", str(results)))
+    wait_for(lambda: progress(results) >= 1, 120, "training to start")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
     changed = machine_now(fresh_machine)
     assert changed["net.ipv4.tcp_allowed_congestion_control"] == FRESH_ALLOWED + " cubic"
     r = invoke("clean", timeout=60)

@@ -21,20 +21,14 @@ import yaml
 
 from schedulers import registry
 from tests.conftest import invoke, invoke_popen, wait_for, worker_progress
+from tests.factories import experiment, star_topology
 
 NAMED_WITHIN_S = 30
 
 # Replayed compute (no torch to import, so training starts within seconds) of the small CNN:
 # about 0.55 MB of gradients per worker and iteration over 100 Mb/s links.
-BASE = {
-    "name": "faults-e2e",
-    "timeout_s": 240,
-    "topology": {"kind": "star", "hosts": [{"name": "ps", "bw_mbps": 100}, {"name": "w0", "bw_mbps": 100},
-                                           {"name": "w1", "bw_mbps": 100}]},
-    "roles": {"servers": ["ps"], "workers": ["w0", "w1"]},
-    "workload": {"model": "cnn", "preset": "small", "compute": "replay", "iterations": 10_000, "warmup": 2},
-    "scheduler": "fifo",
-}
+BASE = experiment(name="faults-e2e", timeout_s=240, topology=star_topology(ps=100, w0=100, w1=100),
+                  workload={"model": "cnn", "preset": "small", "compute": "replay", "iterations": 10_000, "warmup": 2})
 
 
 def config(tmp_path: Path, **top) -> Path:
@@ -57,21 +51,17 @@ def progress(results: Path, worker: str = "worker1") -> int:
 
 
 
-def test_a_stalled_worker_is_named_within_30_s(tmp_path, no_leftovers):
+def test_a_stalled_worker_is_named_within_30_s(tmp_path, no_leftovers, procs):
     """kill -STOP of one worker from outside (no fault configured): the watchdog names it, its
     host and its state, on the window derived from the run, within 30 s."""
     results = tmp_path / "results"
-    proc = invoke_popen("run", str(config(tmp_path)), "--results", str(results))
-    try:
-        wait_for(lambda: progress(results) >= 20, 120, "training to run")
-        state = Path("/run/schedlab") / str(proc.pid)
-        rec = wait_for(lambda: list(state.glob("proc-role-worker0-*.json")), 10, "worker0's record")
-        os.killpg(json.loads(rec[0].read_text())["pid"], signal.SIGSTOP)
-        stopped_at = time.time()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = procs.add(invoke_popen("run", str(config(tmp_path)), "--results", str(results)))
+    wait_for(lambda: progress(results) >= 20, 120, "training to run")
+    state = Path("/run/schedlab") / str(proc.pid)
+    rec = wait_for(lambda: list(state.glob("proc-role-worker0-*.json")), 10, "worker0's record")
+    os.killpg(json.loads(rec[0].read_text())["pid"], signal.SIGSTOP)
+    stopped_at = time.time()
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-2000:]
     row = row_of(results)
     assert row["status"] == "failed"

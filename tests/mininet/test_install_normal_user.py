@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-
-MINI = REPO / "tests" / "data" / "results" / "mini"
+from tests.factories import MINI
 
 
 def inv(*args: str, env: dict | None = None, user: str | None = None, timeout: float = 300):

@@ -23,17 +23,11 @@ import yaml
 
 from emu.sweeps import raysweep
 from tests.conftest import REPO, invoke_popen, wait_for
+from tests.factories import experiment, star_topology
 
-SWEEP = {
-    "name": "ray-e2e",
-    "timeout_s": 120,
-    "topology": {"kind": "star", "hosts": [{"name": "ps", "bw_mbps": 100}, {"name": "w0", "bw_mbps": 100},
-                                           {"name": "w1", "bw_mbps": 100}]},
-    "roles": {"servers": ["ps"], "workers": ["w0", "w1"]},
-    "workload": {"model": "cnn", "preset": "small", "compute": "replay", "iterations": 20, "warmup": 2},
-    "scheduler": "fifo",
-    "seeds": [0, 1, 2, 3, 4],
-}
+SWEEP = experiment(name="ray-e2e", timeout_s=120, topology=star_topology(ps=100, w0=100, w1=100),
+                   workload={"model": "cnn", "preset": "small", "compute": "replay", "iterations": 20, "warmup": 2},
+                   seeds=[0, 1, 2, 3, 4])
 
 
 def lock_holder() -> int | None:
@@ -140,7 +134,7 @@ def test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run(tmp_path, 
 
 
 @pytest.mark.slow
-def test_sigterm_cancels_the_runs_and_leaves_no_ray_process(tmp_path, no_leftovers):
+def test_sigterm_cancels_the_runs_and_leaves_no_ray_process(tmp_path, no_leftovers, procs):
     """`--ray local` stopped by SIGTERM mid-run: the run is cancelled (its network torn down),
     exit 130, and the local cluster is gone, processes and temporary directory."""
     import tasks
@@ -148,17 +142,13 @@ def test_sigterm_cancels_the_runs_and_leaves_no_ray_process(tmp_path, no_leftove
     tasks._ensure_ray()
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({**SWEEP, "seeds": [0, 1], "workload": {**SWEEP["workload"], "iterations": 200}}))
-    proc = invoke_popen("sweep", str(path), "--ray", "local", "--results", str(tmp_path / "results"))
-    try:
-        wait_for(lambda: any((r / "records" / "worker1.progress").exists()
-                             for r in raysweep.RUNS_TMP.glob(f"*/{SWEEP['name']}/*")), 120, "a run on the node")
-        local = list(Path(tempfile.gettempdir()).glob(f"schedlab-ray-{proc.pid}-*"))
-        assert len(local) == 1
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc = procs.add(invoke_popen("sweep", str(path), "--ray", "local", "--results", str(tmp_path / "results")))
+    wait_for(lambda: any((r / "records" / "worker1.progress").exists()
+                         for r in raysweep.RUNS_TMP.glob(f"*/{SWEEP['name']}/*")), 120, "a run on the node")
+    local = list(Path(tempfile.gettempdir()).glob(f"schedlab-ray-{proc.pid}-*"))
+    assert len(local) == 1
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "ray: cancelled 2 run(s)" in err and err.strip().endswith("the same command resumes the sweep")
     assert not local[0].exists()

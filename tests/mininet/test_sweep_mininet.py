@@ -6,23 +6,17 @@ import signal
 import time
 
 import pandas as pd
-import yaml
 
 from tests.conftest import invoke, invoke_popen
-from tests.unit.test_config import GOOD
+from tests.factories import GOOD, dump
 
 
-def write(path, obj):
-    path.write_text(yaml.safe_dump(obj))
-    return path
-
-
-def test_kill_9_mid_sweep_then_resume_runs_each_once(tmp_path, no_leftovers):
+def test_kill_9_mid_sweep_then_resume_runs_each_once(tmp_path, no_leftovers, procs):
     cfg = {**GOOD, "name": "k9", "timeout_s": 120, "seeds": [0, 1, 2],
            "workload": {"model": "cnn", "preset": "tiny", "iterations": 25, "batch_size": 8}}
-    path = write(tmp_path / "k9.yaml", cfg)
+    path = dump(tmp_path / "k9.yaml", cfg)
     results = tmp_path / "results"
-    proc = invoke_popen("sweep", str(path), "--results", str(results))
+    proc = procs.add(invoke_popen("sweep", str(path), "--results", str(results)))
     runs = results / "k9" / "runs.parquet"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (runs.exists() and len(pd.read_parquet(runs)) >= 1):

@@ -19,8 +19,7 @@ from analysis.speedup import interval, iteration_times, load_speedups, speedups
 from analysis.tables import add_configurations, load_iterations, load_runs
 from contracts.iterations import NoMeasuredIteration
 from tests.conftest import REPO, invoke
-
-MINI = REPO / "tests" / "data" / "results" / "mini"
+from tests.factories import MINI, is_png
 
 
 # --------------------------------------------------------------------------- synthetic data
@@ -265,12 +264,10 @@ def test_report_of_a_faceted_sweep_with_repeats_tests_a_claim(tmp_path):
     assert "over `bytescheduler`: measured" in md  # Mercury vs tensor partitioning is testable too
     assert "*Not drawn:* no run of this sweep was traced" in md
     for stem in ("speedup", "iteration_time", "link_utilisation", "efficiency"):
-        assert _is_png(sweep / "report" / f"{stem}.png")
+        assert is_png(sweep / "report" / f"{stem}.png")
 
 
 # --------------------------------------------------------------------------- figures, report, notebook
-def _is_png(path: Path) -> bool:
-    return path.exists() and path.stat().st_size > 5000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("fn", [plots.speedup_plot, plots.iteration_time_sweep_plot, plots.timeline_plot,
@@ -279,7 +276,7 @@ def _is_png(path: Path) -> bool:
                          ids=lambda f: f.__name__)
 def test_each_figure_draws_the_mini_sweep(fn, tmp_path):
     out = fn(MINI, out=tmp_path / "fig.png", formats=("png", "pdf"))
-    assert out == tmp_path / "fig.png" and _is_png(out)
+    assert out == tmp_path / "fig.png" and is_png(out)
     assert (tmp_path / "fig.pdf").read_bytes()[:4] == b"%PDF"
 
 
@@ -294,7 +291,7 @@ def test_report_task_writes_every_figure_and_the_measured_numbers(tmp_path):
     md = md_path.read_text()
     for stem, heading, _, _ in FIGURES:
         assert f"![{heading}]({stem}.png)" in md and f"[PDF]({stem}.pdf)" in md
-        assert _is_png(sweep / "report" / f"{stem}.png") and (sweep / "report" / f"{stem}.pdf").stat().st_size > 0
+        assert is_png(sweep / "report" / f"{stem}.png") and (sweep / "report" / f"{stem}.pdf").stat().st_size > 0
     for _, row in load_speedups(MINI).iterrows():  # the summary states what the analysis computes
         assert f"| {row['config']} | {row['scheduler']} |" in md
         assert f"{row['speedup']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}]" in md
@@ -337,6 +334,6 @@ def test_notebook_rebuilds_the_figure(tmp_path, monkeypatch):
                    resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
-    assert _is_png(tmp_path / "figure.png")
+    assert is_png(tmp_path / "figure.png")
     # the kernel is this interpreter (the venv's), not whatever `python` is first on PATH
     assert os.path.realpath(nb.cells[-1].outputs[0]["text"].strip()) == os.path.realpath(sys.executable)

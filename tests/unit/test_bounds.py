@@ -30,71 +30,26 @@ from analysis.bounds import (
     ring_order,
 )
 from emu.config.capacity import capacity_graph
-from emu.config.topospec import RacksTopology, StarTopology
+from emu.config.topospec import RacksTopology
 from schedulers.collective.forest_plan import lp_optimum
 from schedulers.core.linkmodel import LinkModel
-
-G = 1e6  # gradient bytes
-MBPS = 1e6
-
-
-def secs(mbps: float) -> float:
-    """Seconds to move G at `mbps`."""
-    return G * 8 / (mbps * MBPS)
-
-
-def star(rates):
-    return capacity_graph(StarTopology.model_validate({"kind": "star", "hosts": [
-        {"name": n, "bw_mbps": r} for n, r in rates.items()]}).resolve())
-
-
-def star_graph(rates, up=None, extra=()):
-    """A star as capacity_graph builds it: switch s1, host h{i} at rates[i] Mb/s (uplink
-    `up[i]` if given), plus `extra` hosts (name, Mb/s) that are not workers."""
-    g = nx.DiGraph()
-    g.add_node("s1", kind="switch")
-    hosts = [(f"h{i}", c, (up[i] if up else c)) for i, c in enumerate(rates)]
-    for name, down, upr in hosts + [(n, c, c) for n, c in extra]:
-        g.add_node(name, kind="host")
-        g.add_edge(name, "s1", capacity=upr * MBPS)
-        g.add_edge("s1", name, capacity=down * MBPS)
-    return g, [h for h, _, _ in hosts]
-
-
-def racks_graph(sizes, host_mbps, uplink_mbps, extra=()):
-    """Racks of the given sizes (hosts r{i}h{j} on ToR s{i+1}, uplinks to core s0 at
-    uplink_mbps[i] or one rate for all); `extra` = (name, rack, Mb/s) hosts off the worker list."""
-    g = nx.DiGraph()
-    g.add_node("s0", kind="switch")
-    hosts = []
-    for r, size in enumerate(sizes):
-        tor, up = f"s{r + 1}", uplink_mbps[r] if isinstance(uplink_mbps, (list, tuple)) else uplink_mbps
-        g.add_node(tor, kind="switch")
-        g.add_edge(tor, "s0", capacity=up * MBPS)
-        g.add_edge("s0", tor, capacity=up * MBPS)
-        members = [(f"r{r}h{j}", host_mbps) for j in range(size)] + [(n, c) for n, rr, c in extra if rr == r]
-        for h, c in members:
-            g.add_node(h, kind="host")
-            g.add_edge(h, tor, capacity=c * MBPS)
-            g.add_edge(tor, h, capacity=c * MBPS)
-        hosts += [f"r{r}h{j}" for j in range(size)]
-    return g, hosts
+from tests.factories import MBPS, G, racks_graph, secs, star_capacity, star_graph
 
 
 # --------------------------------------------------------------------------- the fixed patterns
 def test_ps_bound_is_the_busiest_link():
-    g = star({"ps": 100, "w0": 50, "w1": 10})
+    g = star_capacity({"ps": 100, "w0": 50, "w1": 10})
     # w1's link carries G each way at 10 Mb/s; the server's carries 2G at 100 Mb/s.
     assert ps_bound_s(g, ["w0", "w1"], ["ps"], G) == pytest.approx(G * 8 / 10e6)
-    g = star({"ps": 10, "w0": 100, "w1": 100})
+    g = star_capacity({"ps": 10, "w0": 100, "w1": 100})
     assert ps_bound_s(g, ["w0", "w1"], ["ps"], G) == pytest.approx(2 * G * 8 / 10e6)
     # two servers split the load
-    g = star({"p0": 10, "p1": 10, "w0": 100, "w1": 100})
+    g = star_capacity({"p0": 10, "p1": 10, "w0": 100, "w1": 100})
     assert ps_bound_s(g, ["w0", "w1"], ["p0", "p1"], G) == pytest.approx(G * 8 / 10e6)
 
 
 def test_ring_and_cut_bounds_on_a_heterogeneous_star():
-    g = star({"w0": 100, "w1": 100, "w2": 100, "w3": 10})
+    g = star_capacity({"w0": 100, "w1": 100, "w2": 100, "w3": 10})
     n = 4
     assert ring_bound_s(g, ["w0", "w1", "w2", "w3"], G) == pytest.approx(2 * (n - 1) / n * G * 8 / 10e6)
     # The slow worker alone must send and receive G: the tightest cut.

@@ -38,10 +38,8 @@ from analysis.capacity import Flow, available_capacity, route, run_capacity
 from analysis.speedup import load_comparison
 from analysis.tables import load_runs
 from contracts.role_spec import Address, RoleSpec, SchedulerChoice
-from tests.conftest import REPO
-from tests.unit.test_bounds import MBPS, G, racks_graph, secs, star_graph
+from tests.factories import MBPS, MINI, G, racks_graph, secs, star_graph
 
-MINI = REPO / "tests" / "data" / "results" / "mini"
 T0_WALL = 1000.0  # the monitor's t = 0, as wall-clock time
 
 

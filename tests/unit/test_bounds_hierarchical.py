@@ -21,7 +21,7 @@ from analysis.bounds import (
     worker_groups,
 )
 from schedulers.collective.hierarchical import groups
-from tests.unit.test_bounds import MBPS, G, racks_graph, secs, star_graph
+from tests.factories import MBPS, G, racks_graph, secs, star_graph
 
 
 def test_two_uneven_racks_by_hand():

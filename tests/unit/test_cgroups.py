@@ -39,7 +39,7 @@ from emu.config.experiment import ConfigError
 from emu.config.plan import load_plan
 from emu.testbed import capabilities, cgroups, cleanup, preflight
 from emu.testbed.network import _joining
-from tests.unit.test_config import GOOD, _sections, variant, write
+from tests.factories import GOOD, _sections, variant, write
 
 DEBIAN12_CONTROLLERS = "cpuset cpu io memory hugetlb pids rdma misc"
 HYBRID_PROC_CGROUPS = """#subsys_name	hierarchy	num_cgroups	enabled

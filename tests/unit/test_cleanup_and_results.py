@@ -11,9 +11,9 @@ from emu.run.results import completed, flatten, read_runs, record_run
 from emu.testbed.cleanup import StateDir, alive, clean, start_time
 
 
-def test_clean_kills_recorded_group_of_dead_orchestrator(tmp_path):
+def test_clean_kills_recorded_group_of_dead_orchestrator(tmp_path, procs):
     # A "role" with a child of its own, in its own session, as mnexec -d starts them.
-    role = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
+    role = procs.start(["bash", "-c", "sleep 60 & wait"], start_new_session=True)
     time.sleep(0.2)
     child = int(subprocess.run(["pgrep", "-P", str(role.pid)], capture_output=True, text=True).stdout.split()[0])
     dead = subprocess.Popen(["true"])
@@ -30,22 +30,18 @@ def test_clean_kills_recorded_group_of_dead_orchestrator(tmp_path):
     assert not state.path.exists()
 
 
-def test_clean_spares_live_orchestrators_and_recycled_pids(tmp_path):
-    live = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    try:
-        state = StateDir(tmp_path, pid=live.pid).open()
-        state.add_process("role", "worker0", live.pid)
-        assert clean(root=tmp_path) == []          # owner alive: not ours to touch
-        # A record whose start time does not match is a recycled pid: never killed.
-        other = StateDir(tmp_path, pid=999_999_9)
-        other.path.mkdir()
-        (other.path / "proc-role-x-1.json").write_text(
-            json.dumps({"kind": "role", "name": "x", "pid": live.pid, "started": start_time(live.pid) + 1}))
-        assert clean(root=tmp_path) == []
-        assert live.poll() is None
-    finally:
-        live.kill()
-        live.wait()
+def test_clean_spares_live_orchestrators_and_recycled_pids(tmp_path, procs):
+    live = procs.start(["sleep", "30"], start_new_session=True)
+    state = StateDir(tmp_path, pid=live.pid).open()
+    state.add_process("role", "worker0", live.pid)
+    assert clean(root=tmp_path) == []          # owner alive: not ours to touch
+    # A record whose start time does not match is a recycled pid: never killed.
+    other = StateDir(tmp_path, pid=999_999_9)
+    other.path.mkdir()
+    (other.path / "proc-role-x-1.json").write_text(
+        json.dumps({"kind": "role", "name": "x", "pid": live.pid, "started": start_time(live.pid) + 1}))
+    assert clean(root=tmp_path) == []
+    assert live.poll() is None
 
 
 def test_record_run_replaces_by_run_id_and_keeps_others(tmp_path):

@@ -1,7 +1,6 @@
 """Config validation: every bad input is one line naming the field, exit 2, nothing created."""
 from __future__ import annotations
 
-import copy
 import os
 import platform
 import re
@@ -16,34 +15,13 @@ import yaml
 from invoke import Exit
 
 from emu.config.experiment import ConfigError
-from emu.config.plan import load_plan, set_dotted
+from emu.config.plan import load_plan
 from emu.testbed import capabilities, preflight
 from schedulers import registry
 from tasks import _sections
 from tests.conftest import REPO, invoke
+from tests.factories import GOOD, variant, write
 from workloads.config import MODELS
-
-GOOD = {
-    "name": "t",
-    "topology": {"kind": "star", "hosts": [{"name": "ps", "bw_mbps": 100}, {"name": "w0", "bw_mbps": 10},
-                                           {"name": "w1", "bw_mbps": 10}]},
-    "roles": {"servers": ["ps"], "workers": ["w0", "w1"]},
-    "workload": {"model": "cnn", "preset": "tiny", "iterations": 3},
-    "scheduler": "fifo",
-}
-
-
-def write(tmp_path, cfg, name="c.yaml"):
-    p = tmp_path / name
-    p.write_text(yaml.safe_dump(cfg))
-    return p
-
-
-def variant(key, value):
-    cfg = copy.deepcopy(GOOD)
-    set_dotted(cfg, key, value)
-    return cfg
-
 
 BAD = [
     (variant("topology.hosts.1.bw_mbps", -5), "topology.hosts[1].bw_mbps: must be > 0"),
@@ -320,7 +298,6 @@ def test_cli_refuses_what_this_machine_lacks_before_anything(tmp_path, monkeypat
     assert e.value.code == 2
     assert e.value.message.startswith("error: tcp.congestion_control: 'nosuchcc' is not available in this kernel")
     assert not results.exists()
-
 
 
 # ---------------------------------------------------------------------------- hostile input

@@ -25,7 +25,7 @@ def test_rate_is_what_was_received_else_what_was_sent(tmp_path):
     assert [r["mbps"] for r in _cross(tmp_path, flows).summary()] == [40.0, 50.0, None]
 
 
-def test_stop_interrupts_running_clients_and_waits_for_them(tmp_path):
+def test_stop_interrupts_running_clients_and_waits_for_them(tmp_path, procs):
     """A stand-in client that writes its result on SIGINT, as iperf3 -J does."""
     code = ("import signal, sys, time\n"
             "def out(*_):\n    open(sys.argv[1], 'w').write('interrupted'); sys.exit(1)\n"
@@ -35,7 +35,7 @@ def test_stop_interrupts_running_clients_and_waits_for_them(tmp_path):
     def launch(host, name, argv):
         if not name.startswith("xflow"):
             return None
-        p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / f"{name}.out")], stdout=subprocess.PIPE)
+        p = procs.start([sys.executable, "-c", code, str(tmp_path / f"{name}.out")], stdout=subprocess.PIPE)
         p.stdout.readline()              # its handler is installed
         started.append(p)
         return p

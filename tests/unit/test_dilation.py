@@ -31,7 +31,7 @@ from emu.testbed.crosstraffic import client_argv
 from emu.testbed.shaping import Shaper
 from tasks import _sections
 from tests.conftest import REPO, invoke
-from tests.unit.test_config import GOOD
+from tests.factories import GOOD
 from workloads.config import WorkloadConfig
 
 K = 4.0          # a power of two: every conversion below is exact in floating point

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -128,10 +127,9 @@ def test_faults_in_force_include_those_just_ended_and_kills():
 
 
 @pytest.mark.slow
-def test_stop_and_kill_act_on_a_real_process_group():
+def test_stop_and_kill_act_on_a_real_process_group(procs):
     """SIGSTOP freezes the whole group (state T), SIGCONT resumes it on time, a kill ends it."""
-    p = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"],
-                         start_new_session=True)
+    p = procs.start([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"], start_new_session=True)
 
     def sig(role, s):
         if p.poll() is not None:
@@ -139,21 +137,16 @@ def test_stop_and_kill_act_on_a_real_process_group():
         os.killpg(p.pid, s)
         return True
     ops = FaultOps(signal=sig, set_link=lambda *a: None, set_cpu=lambda *a: None, host_of=HOSTS)
-    try:
-        f = Faults(faults({"at_s": 0.1, "kind": "stop", "target": "worker0", "for_s": 0.5},
-                          {"at_s": 1.0, "kind": "kill", "target": "worker0"}), ops).start()
-        time.sleep(0.35)
-        assert proc_state(p.pid) == "T"
-        time.sleep(0.45)
-        assert proc_state(p.pid) in ("S", "R")
-        assert p.wait(5) == -signal.SIGKILL
-        f.stop()
-        t = f.table()
-        assert t.loc[0, "ended"] == "on time" and 0.45 <= t.loc[0, "actual_end_s"] - t.loc[0, "actual_start_s"] <= 0.6
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    f = Faults(faults({"at_s": 0.1, "kind": "stop", "target": "worker0", "for_s": 0.5},
+                      {"at_s": 1.0, "kind": "kill", "target": "worker0"}), ops).start()
+    time.sleep(0.35)
+    assert proc_state(p.pid) == "T"
+    time.sleep(0.45)
+    assert proc_state(p.pid) in ("S", "R")
+    assert p.wait(5) == -signal.SIGKILL
+    f.stop()
+    t = f.table()
+    assert t.loc[0, "ended"] == "on time" and 0.45 <= t.loc[0, "actual_end_s"] - t.loc[0, "actual_start_s"] <= 0.6
 
 
 # ---------------------------------------------------------------- cost

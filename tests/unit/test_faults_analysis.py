@@ -15,7 +15,7 @@ from analysis.tables import load_runs
 from emu.config.plan import load_plan
 from tasks import _sections
 from tests.conftest import REPO
-from tests.unit.test_analysis import MINI, _is_png
+from tests.factories import MINI, is_png
 
 PAUSE = [{"at_s": 10, "kind": "stop", "target": "worker0", "for_s": 5}]
 FLAP = [{"at_s": t, "kind": "link_down", "target": ["w1", "s1"], "for_s": 2} for t in (8, 12, 16)]
@@ -90,7 +90,7 @@ def test_summary_has_costs_survivors_and_the_time_to_the_reason(tmp_path):
 def test_figure_and_report_section(tmp_path):
     sweep = made_up(tmp_path)
     png = plots.faults_plot(sweep, out=tmp_path / "f.png")
-    assert _is_png(png)
+    assert is_png(png)
     md = "\n".join(_faults(load_runs(sweep), sweep, tmp_path / "report"))
     assert md.startswith("## Faults") and "| stop worker0 5 s | fifo | 1/1 |" in md
     assert "- ring, link_down w1-s1 2 s x3: stalled: link w1-s1 is down" in md

@@ -31,22 +31,9 @@ from emu.config.capacity import capacity_graph
 from emu.config.topospec import RacksTopology, StarTopology
 from schedulers.collective.forest_plan import MIN_FRACTION, ForestPlan, _few_trees, _restricted_lp, plan_forest
 from schedulers.core.linkmodel import LinkModel
+from tests.factories import star_graph
 
 MBPS = 1e6
-
-
-def star(rates, up=None):
-    """A capacity graph as emu/testbed/topology.py builds it: one switch, one link per host."""
-    g = nx.DiGraph()
-    g.add_node("s1", kind="switch")
-    hosts = []
-    for i, c in enumerate(rates):
-        h = f"h{i}"
-        hosts.append(h)
-        g.add_node(h, kind="host")
-        g.add_edge(h, "s1", capacity=(up[i] if up else c) * MBPS)
-        g.add_edge("s1", h, capacity=c * MBPS)
-    return g, hosts
 
 
 def racks(num_racks, per_rack, host_mbps, oversubscription):
@@ -116,7 +103,7 @@ HETEROGENEOUS = [
 
 @pytest.mark.parametrize("rates", HETEROGENEOUS, ids=lambda r: f"{len(r)}w")
 def test_heterogeneous_star_reaches_optimum_and_beats_ring(rates):
-    g, hosts = star(rates)
+    g, hosts = star_graph(rates)
     plan = plan_of(g, hosts)
     check_plan(plan, g, hosts)
     n = len(rates)
@@ -138,7 +125,7 @@ def prufer_trees(n):
 @pytest.mark.parametrize("n", [4, 5])
 def test_uniform_star_forest_beats_every_single_tree(n):
     c = 100
-    g, hosts = star([c] * n)
+    g, hosts = star_graph([c] * n)
     plan = plan_of(g, hosts)
     check_plan(plan, g, hosts)
     best_tree = max(min(c / d for d in degrees) for degrees in prufer_trees(n)) * MBPS
@@ -299,7 +286,7 @@ def test_plan_is_deterministic(name):
 
 
 def test_plan_is_deterministic_and_json_round_trips():
-    g, hosts = star([100, 40, 100, 10, 60])
+    g, hosts = star_graph([100, 40, 100, 10, 60])
     data = nx.node_link_data(g, edges="links")
     shuffled = json.loads(json.dumps(data))
     random.Random(0).shuffle(shuffled["nodes"])
@@ -313,7 +300,7 @@ def test_plan_is_deterministic_and_json_round_trips():
 
 def test_asymmetric_star_uses_the_direction_that_binds():
     """Uplinks at 1/10 of downlinks: every direction counts on its own."""
-    g, hosts = star([100] * 4, up=[10] * 4)
+    g, hosts = star_graph([100] * 4, up=[10] * 4)
     plan = plan_of(g, hosts)
     check_plan(plan, g, hosts)
     assert plan.optimum == pytest.approx(star_opt([10] * 4), rel=1e-6)
@@ -325,14 +312,14 @@ def test_edge_cases():
     json.dumps(one.to_dict(), allow_nan=False)
     none = plan_forest(None, ["a", "b", "c"])                    # no topology: uniform star
     assert none.assumed_topology and none.optimum == pytest.approx(3 / 4)
-    g, _ = star([100])
+    g, _ = star_graph([100])
     shared = plan_of(g, ["h0", "h0", "h0"])                       # all on one host: no link binds
     assert shared.assumed_topology
-    g, hosts = star([100, 100])
+    g, hosts = star_graph([100, 100])
     with pytest.raises(ValueError, match="'nowhere' is not in the capacity graph"):
         plan_of(g, ["h0", "nowhere"])
     # Two workers per host: their tree edge crosses no link; each host carries one edge.
-    g, _ = star([100, 10])
+    g, _ = star_graph([100, 10])
     plan = plan_of(g, ["h0", "h0", "h1", "h1"])
     check_plan(plan, g, ["h0", "h0", "h1", "h1"])
     assert plan.optimum == pytest.approx(10 * MBPS, rel=1e-6)

@@ -17,7 +17,7 @@ from torch import nn
 
 from contracts.iterations import windows
 from schedulers.core.base import RoleContext, Scheduler, SchedulerParams
-from tests.unit.test_replay import synthetic_profile
+from tests.factories import synthetic_profile
 from workloads.config import WorkloadConfig
 from workloads.replay import Replay
 from workloads.trainer import LayerwiseSGD

@@ -5,6 +5,7 @@ shows the same findings, and `--fix` repairs those marked [*].
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import subprocess
@@ -76,12 +77,20 @@ def test_lock_has_the_cpu_torch_and_no_cuda_packages():
     assert not cuda, f"CUDA packages in the lock (was it compiled where only the CUDA torch was found?): {cuda}"
 
 
-def test_tiers_are_folders_and_slow_is_marked_on_the_tests():
+def test_tiers_are_folders_and_no_test_module_imports_another():
     """Every test module sits in a tier's folder (tests/conftest.py marks it from there); `slow` is on the
-    tests themselves, not in a list of node ids."""
+    tests themselves, not in a list of node ids; test modules share helpers through tests/factories.py and the
+    other modules at the top of tests/, never by importing another test module."""
     tests = REPO / "tests"
     stray = [str(p.relative_to(REPO)) for p in tests.rglob("test_*.py")
              if p.parent.name not in ("unit", "loopback", "mininet") and "data" not in p.relative_to(tests).parts]
     assert not stray, f"test modules outside tests/unit, tests/loopback and tests/mininet: {stray}"
     ids = re.findall(r"tests/[\w/]+\.py::\w+", (tests / "conftest.py").read_text())
     assert not ids, f"tests/conftest.py names tests by id (mark them instead): {ids}"
+    imports = []
+    for p in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            imports += [f"{p.relative_to(REPO)}: {n}" for n in names if re.search(r"(^|\.)test_\w+$", n)]
+    assert not imports, f"test modules imported by other modules: {imports}"

@@ -2,7 +2,6 @@
 configured network (emu/config/placement.py), resolved while the config is parsed."""
 from __future__ import annotations
 
-import copy
 import json
 import random
 import subprocess
@@ -16,20 +15,12 @@ from emu.config.capacity import capacity_graph
 from emu.config.experiment import ConfigError
 from emu.config.placement import best_server, server_rates
 from emu.config.plan import load_plan, set_dotted
-from emu.config.topospec import GraphTopology, LinkSpec, NetSpec, RacksTopology, StarTopology
+from emu.config.topospec import GraphTopology, LinkSpec, NetSpec, RacksTopology
 from emu.run.results import flatten
 from emu.sweeps.sweep import unique_runs
 from tasks import _sections
 from tests.conftest import REPO, invoke
-from tests.unit.test_config import write
-
-
-def star(*rates, names=None) -> NetSpec:
-    """Hosts h0.. (or `names`) on switch s1; a rate is Mb/s both ways or (up, down)."""
-    names = names or [f"h{i}" for i in range(len(rates))]
-    hosts = [{"name": n, "bw_mbps": r} if not isinstance(r, tuple) else {"name": n, "up_mbps": r[0], "down_mbps": r[1]}
-             for n, r in zip(names, rates, strict=True)]
-    return StarTopology.model_validate({"kind": "star", "hosts": hosts}).resolve()
+from tests.factories import experiment, star_spec, star_topology, variant, write
 
 
 def racks(n: int, per_rack: int, oversubscription: float) -> NetSpec:
@@ -43,7 +34,7 @@ def test_star_host_with_a_fat_link_wins():
     """ps at 100 Mb/s: 4 workers on its link (25 Mb/s each way) but each worker's own 10 Mb/s
     link carries one gradient each way, so 10 Mb/s. A worker's host: its 10 Mb/s over the 3
     others, 3.33 Mb/s."""
-    net = star(100, 10, 10, 10, 10, names=["ps", "w0", "w1", "w2", "w3"])
+    net = star_spec(100, 10, 10, 10, 10, names=["ps", "w0", "w1", "w2", "w3"])
     workers = ["w0", "w1", "w2", "w3"]
     rates = server_rates(net, workers)
     assert rates["ps"] == pytest.approx(10e6)
@@ -53,14 +44,14 @@ def test_star_host_with_a_fat_link_wins():
 
 def test_the_fat_host_wins_when_it_is_a_worker_too():
     """h0 at 100 Mb/s and a worker: the 3 others over its link (33 Mb/s), each at 10: 10 Mb/s."""
-    net = star(100, 10, 10, 10)
+    net = star_spec(100, 10, 10, 10)
     assert best_server(net, net.hosts) == "h0"
     assert server_rates(net, net.hosts)["h0"] == pytest.approx(10e6)
 
 
 def test_both_directions_count():
     """h0 uploads at 100 but downloads at 1: every worker's push crosses h0's slow direction."""
-    net = star((100, 1), 10, 10, (5, 5))
+    net = star_spec((100, 1), 10, 10, (5, 5))
     workers = ["h1", "h2"]
     rates = server_rates(net, workers)
     assert rates["h0"] == pytest.approx(0.5e6)  # 1 Mb/s down for 2 pushes
@@ -95,12 +86,12 @@ def test_racks_without_oversubscription_a_free_host_of_the_bigger_rack_is_not_be
 
 
 def test_ties_go_to_the_first_host_in_netspec_order():
-    assert best_server(star(10, 10, 10, 10), ["h1", "h2", "h3"]) == "h1"
-    assert best_server(star(10, 10, 10, 10), ["h0", "h1", "h2", "h3"]) == "h0"
+    assert best_server(star_spec(10, 10, 10, 10), ["h1", "h2", "h3"]) == "h1"
+    assert best_server(star_spec(10, 10, 10, 10), ["h0", "h1", "h2", "h3"]) == "h0"
     # NetSpec order, not name order: zb is listed first
-    assert best_server(star(10, 10, names=["zb", "aa"]), ["zb", "aa"]) == "zb"
+    assert best_server(star_spec(10, 10, names=["zb", "aa"]), ["zb", "aa"]) == "zb"
     # no worker needs a link: every host is as good (inf), the first wins
-    net = star(10, 10, 10)
+    net = star_spec(10, 10, 10)
     assert server_rates(net, ["h1"])["h1"] == float("inf")
     assert best_server(net, ["h1"]) == "h1"
 
@@ -164,20 +155,8 @@ def test_large_network_is_fast():
 
 # ---------------------------------------------------------------------------- through the config
 
-GOOD = {
-    "name": "t",
-    "topology": {"kind": "star", "hosts": [{"name": "w0", "bw_mbps": 10}, {"name": "ps", "bw_mbps": 100},
-                                           {"name": "w1", "bw_mbps": 10}, {"name": "w2", "bw_mbps": 10}]},
-    "roles": {"servers": "best", "workers": ["w0", "w1", "w2"]},
-    "workload": {"model": "cnn", "preset": "tiny", "iterations": 3},
-    "scheduler": "fifo",
-}
-
-
-def variant(key, value, base=GOOD):
-    cfg = copy.deepcopy(base)
-    set_dotted(cfg, key, value)
-    return cfg
+BEST = experiment(topology=star_topology(w0=10, ps=100, w1=10, w2=10),
+                  roles={"servers": "best", "workers": ["w0", "w1", "w2"]})  # the server placed by `best`
 
 
 def one(tmp_path, cfg):
@@ -185,19 +164,19 @@ def one(tmp_path, cfg):
 
 
 def test_best_resolves_to_a_host_in_the_config_row_and_run_id(tmp_path):
-    exp = one(tmp_path, GOOD)
+    exp = one(tmp_path, BEST)
     assert exp.roles.servers == ["ps"]
     resolved = exp.resolved()
     assert resolved["roles"] == {"servers": ["ps"], "workers": ["w0", "w1", "w2"]}
     assert yaml.safe_load(yaml.safe_dump(resolved))["roles"]["servers"] == ["ps"]  # config.yaml of the run
     assert json.loads(flatten(resolved)["roles.servers"]) == ["ps"]  # the row's column
     # the same experiment as naming the host: the same run
-    assert exp.run_id(0) == one(tmp_path, variant("roles.servers", ["ps"])).run_id(0)
+    assert exp.run_id(0) == one(tmp_path, variant("roles.servers", ["ps"], BEST)).run_id(0)
 
 
 def test_a_different_network_moves_the_server_and_the_run_id(tmp_path):
-    a = one(tmp_path, GOOD)
-    cfg = variant("topology.hosts.1.bw_mbps", 10)  # ps slows down to 10: w1 becomes the fat host
+    a = one(tmp_path, BEST)
+    cfg = variant("topology.hosts.1.bw_mbps", 10, BEST)  # ps slows down to 10: w1 becomes the fat host
     set_dotted(cfg, "topology.hosts.2.bw_mbps", 100)
     b = one(tmp_path, cfg)
     assert (a.roles.servers, b.roles.servers) == (["ps"], ["w1"])
@@ -207,13 +186,13 @@ def test_a_different_network_moves_the_server_and_the_run_id(tmp_path):
 def test_best_with_workers_rest(tmp_path):
     """"rest" with "best": the workers are every host but the server, and the server's host is
     chosen as if every host were a worker (the same rates: a worker on its host costs no link)."""
-    exp = one(tmp_path, variant("roles.workers", "rest"))
+    exp = one(tmp_path, variant("roles.workers", "rest", BEST))
     assert exp.roles.servers == ["ps"] and exp.roles.workers == ["w0", "w1", "w2"]
     net = racks(2, 3, 6)
     for s in net.hosts:
         others = [h for h in net.hosts if h != s]
         assert server_rates(net, net.hosts)[s] == server_rates(net, others)[s]
-    cfg = {**GOOD, "topology": {"kind": "racks", "racks": 2, "hosts_per_rack": 3, "host_bw_mbps": 10,
+    cfg = {**BEST, "topology": {"kind": "racks", "racks": 2, "hosts_per_rack": 3, "host_bw_mbps": 10,
                                 "oversubscription": 6}, "roles": {"servers": "best", "workers": "rest"}}
     exp = one(tmp_path, cfg)
     assert exp.roles.servers == ["r0h0"]
@@ -222,7 +201,7 @@ def test_best_with_workers_rest(tmp_path):
 
 def test_a_grid_over_placements_runs_equal_ones_once(tmp_path, capsys):
     """A sweep compares the deployed placement with a given one; where they agree, one run."""
-    plan = load_plan(write(tmp_path, variant("grid", {"roles.servers": ["best", ["ps"], ["w0"]]})), _sections())
+    plan = load_plan(write(tmp_path, variant("grid", {"roles.servers": ["best", ["ps"], ["w0"]]}, BEST)), _sections())
     assert [e.roles.servers for e in plan.experiments] == [["ps"], ["ps"], ["w0"]]
     assert plan.points[0] == {"roles.servers": "best"}  # the row's point.roles.servers says how it was chosen
     kept = unique_runs([(e, 0, p) for e, p in zip(plan.experiments, plan.points, strict=True)])
@@ -230,16 +209,16 @@ def test_a_grid_over_placements_runs_equal_ones_once(tmp_path, capsys):
 
 
 BAD = [
-    (variant("roles.servers", "worst"), 'roles.servers: must be a list of host names or "best", got \'worst\''),
-    (variant("roles.servers", {"best": 2}),
+    (variant("roles.servers", "worst", BEST), 'roles.servers: must be a list of host names or "best", got \'worst\''),
+    (variant("roles.servers", {"best": 2}, BEST),
      "roles.servers: must be a list of host names or \"best\", got {'best': 2}"),
-    (variant("roles.servers", ["best"]), "roles.servers[0]: 'best' is not a host of the topology"),
-    (variant("roles.servers", [1]), "roles.servers[0]: must be a host name, got 1"),
-    (variant("roles.workers", "all"), 'roles.workers: must be a list of host names or "rest", got \'all\''),
-    (variant("roles.workers", ["w0", "w9"]), "roles.workers[1]: 'w9' is not a host of the topology"),
-    (variant("scheduler", "ring"),
+    (variant("roles.servers", ["best"], BEST), "roles.servers[0]: 'best' is not a host of the topology"),
+    (variant("roles.servers", [1], BEST), "roles.servers[0]: must be a host name, got 1"),
+    (variant("roles.workers", "all", BEST), 'roles.workers: must be a list of host names or "rest", got \'all\''),
+    (variant("roles.workers", ["w0", "w9"], BEST), "roles.workers[1]: 'w9' is not a host of the topology"),
+    (variant("scheduler", "ring", BEST),
      "roles.servers: scheduler 'ring' runs among the workers; it uses no servers (remove them)"),
-    ({**GOOD, "topology": {"kind": "racks", "racks": 1, "hosts_per_rack": 1, "host_bw_mbps": 10},
+    ({**BEST, "topology": {"kind": "racks", "racks": 1, "hosts_per_rack": 1, "host_bw_mbps": 10},
       "roles": {"servers": "best", "workers": "rest"}}, "roles.workers: no host is left for workers"),
 ]
 
@@ -254,7 +233,7 @@ def test_bad_roles_name_the_field(tmp_path, cfg, message):
 @pytest.mark.slow
 def test_cli_bad_best_one_line_exit_2_nothing_created(tmp_path):
     results = tmp_path / "results"
-    r = invoke("run", str(write(tmp_path, variant("scheduler", "ring"))), "--results", str(results), timeout=60)
+    r = invoke("run", str(write(tmp_path, variant("scheduler", "ring", BEST))), "--results", str(results), timeout=60)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == "error: roles.servers: scheduler 'ring' runs among the workers; it uses no servers " \
                                "(remove them)"
@@ -264,7 +243,7 @@ def test_cli_bad_best_one_line_exit_2_nothing_created(tmp_path):
 def test_parsing_best_does_not_need_mininet(tmp_path):
     """Placement reads the capacity graph; parsing a config still imports no Mininet."""
     code = ("import sys; from emu.config.plan import load_plan; from tasks import _sections; "
-            f"e = load_plan({str(write(tmp_path, GOOD))!r}, _sections()).experiments[0]; "
+            f"e = load_plan({str(write(tmp_path, BEST))!r}, _sections()).experiments[0]; "
             "assert e.roles.servers == ['ps']; assert 'mininet' not in sys.modules, 'mininet imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -28,7 +28,7 @@ from emu.run.results import read_runs, record_run
 from emu.sweeps import raysweep
 from tasks import _sections
 from tests.conftest import REPO, invoke
-from tests.unit.test_config import GOOD
+from tests.factories import GOOD
 
 
 def closed_port() -> int:

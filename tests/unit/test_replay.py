@@ -14,7 +14,9 @@ import torch
 
 from emu.config.experiment import ConfigError, validate_experiment
 from tasks import _sections
+from tests import factories
 from tests.conftest import REPO
+from tests.factories import synthetic_profile
 from workloads import profile_file
 from workloads.config import MODELS, PROFILES
 from workloads.data import make
@@ -22,30 +24,6 @@ from workloads.models import build, input_spec
 from workloads.profile import Alone
 from workloads.replay import TILE, Replay
 from workloads.trainer import LayerwiseSGD
-
-
-def synthetic_profile(layers, model="cnn", preset="tiny", batch_size=32, lead=0.0, tail=0.0) -> profile_file.Profile:
-    """layers: [(forward_s, [(numel, backward_s), ...]), ...] in forward order; backward
-    produces the last layer's tensors first."""
-    keys, out_layers, key = [], [], 0
-    for _, tensors in layers:
-        keys.append(list(range(key, key + len(tensors))))
-        key += len(tensors)
-    tensors = []
-    for i in reversed(range(len(layers))):
-        for k, (numel, gap) in zip(keys[i], layers[i][1], strict=True):
-            tensors.append(profile_file.Tensor(key=k, name=f"l{i}.t{k}", shape=[numel], numel=numel, layer=i,
-                                               backward_s=gap))
-    for i, (fwd, ts) in enumerate(layers):
-        out_layers.append(profile_file.Layer(name=f"l{i}", keys=keys[i], forward_s=fwd,
-                                             backward_s=sum(g for _, g in ts)))
-    return profile_file.Profile(
-        model=model, preset=preset, batch_size=batch_size,
-        device=profile_file.Device(kind="cpu", name="test", threads=1, torch="none"),
-        warmup=1, iterations=1, created="test", clock="wall", iteration_s=0.0, forward_lead_s=lead,
-        backward_tail_s=tail,
-        layers=out_layers, tensors=tensors, grad_bytes=4 * sum(n for _, ts in layers for n, _ in ts))
-
 
 ODD = synthetic_profile([(0.0, [(7, 0.0), (1, 0.0)]), (0.0, [(4099, 0.0)]), (0.0, [(30_001, 0.0), (1000, 0.0)]),
                          (0.0, [(TILE * 2 + 5, 0.0)])])
@@ -72,9 +50,8 @@ def test_replay_side_never_imports_torch():
 # ----------------------------------------------------------------------------- config errors
 
 def experiment(**workload):
-    return {"name": "t", "topology": {"kind": "star", "hosts": [{"name": "ps", "bw_mbps": 100},
-                                                                 {"name": "w0", "bw_mbps": 10}]},
-            "roles": {"servers": ["ps"], "workers": ["w0"]}, "workload": workload, "scheduler": "fifo"}
+    return factories.experiment(topology=factories.star_topology(ps=100, w0=10),
+                                roles={"servers": ["ps"], "workers": ["w0"]}, workload=workload)
 
 
 def error(**workload) -> str:

@@ -18,7 +18,7 @@ from analysis.tables import load_runs
 from emu.config.plan import load_plan
 from tasks import _sections
 from tests.conftest import REPO
-from tests.unit.test_analysis import MINI, _is_png
+from tests.factories import MINI, is_png
 
 COSTS = (0.0, 1000.0, 5000.0)                      # startup_us
 PARTS = {4096: (0.30, 600), 65536: (0.33, 120), 1048576: (0.45, 64)}  # partition: (time at no cost, messages)
@@ -129,14 +129,14 @@ def test_a_sweep_without_both_costs_and_partitions_has_no_startup_section(tmp_pa
 def test_startup_figure_and_report_section(tmp_path):
     sweep = write_made_up(tmp_path)
     out = plots.startup_plot(sweep, out=tmp_path / "startup.png", formats=("png", "pdf"))
-    assert out == tmp_path / "startup.png" and _is_png(out)
+    assert out == tmp_path / "startup.png" and is_png(out)
     assert (tmp_path / "startup.pdf").read_bytes()[:4] == b"%PDF"
     runs, iters = load_comparison(sweep)
     md = "\n".join(_startup(runs, iters, sweep, tmp_path / "rep"))
     assert md.startswith("## Start-up cost: partitioning against Mercury")
     assert "| start-up (ms) | best bytescheduler partition |" in md
     assert "| 5 | 1,048,576 |" in md and "| 0 | 4,096 |" in md
-    assert "![Start-up cost](startup.png)" in md and _is_png(tmp_path / "rep" / "startup.png")
+    assert "![Start-up cost](startup.png)" in md and is_png(tmp_path / "rep" / "startup.png")
 
 
 def test_the_startup_sweep_file():
@@ -192,4 +192,4 @@ def test_report_has_the_startup_section(tmp_path):
     md = write_report(sweep).read_text()
     assert "| star | bytescheduler (partition 4096, startup 5 ms) | 1 |" in md
     assert "## Start-up cost: partitioning against Mercury" in md and "| 5 | 1,048,576 |" in md
-    assert _is_png(sweep / "report" / "startup.png")
+    assert is_png(sweep / "report" / "startup.png")

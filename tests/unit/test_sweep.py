@@ -12,17 +12,12 @@ from emu.sweeps import sweep as sweep_module
 from emu.sweeps.sweep import shard_of, unique_runs
 from tasks import _sections
 from tests.conftest import REPO, invoke
-from tests.unit.test_config import GOOD
-
-
-def write(path, obj):
-    path.write_text(yaml.safe_dump(obj))
-    return path
+from tests.factories import GOOD, dump
 
 
 def test_base_set_grid_zip_seeds(tmp_path):
-    write(tmp_path / "base.yaml", {**GOOD, "grid": {"scheduler": ["fifo"]}})
-    sweep = write(tmp_path / "sweep.yaml", {
+    dump(tmp_path / "base.yaml", {**GOOD, "grid": {"scheduler": ["fifo"]}})
+    sweep = dump(tmp_path / "sweep.yaml", {
         "base": "base.yaml", "name": "s", "set": {"workload.iterations": 4},
         "grid": {"scheduler": ["fifo", "bytescheduler"]},
         "zip": {"workload.batch_size": [8, 16, 32], "topology.hosts.1.bw_mbps": [5, 10, 20]},
@@ -59,9 +54,9 @@ def test_base_set_grid_zip_seeds(tmp_path):
       "repeats": 2}, "grid: 20000 runs (seed: 100, zip: 100, repeats: 2); a plan has at most 5000"),
 ])
 def test_bad_sweep_files(tmp_path, sweep, message):
-    write(tmp_path / "base.yaml", GOOD)
+    dump(tmp_path / "base.yaml", GOOD)
     with pytest.raises(ConfigError) as e:
-        load_plan(write(tmp_path / "sweep.yaml", sweep), _sections())
+        load_plan(dump(tmp_path / "sweep.yaml", sweep), _sections())
     assert message in str(e.value)
 
 
@@ -70,7 +65,7 @@ def test_sweep_base_is_read_bounded(tmp_path):
     bomb = "".join(f"  a{i}: &a{i} [" + ", ".join([f"*a{i - 1}" if i else "x"] * 10) + "]\n" for i in range(10))
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(GOOD) + "x:\n" + bomb)
     with pytest.raises(ConfigError) as e:
-        load_plan(write(tmp_path / "sweep.yaml", {"base": "base.yaml"}), _sections())
+        load_plan(dump(tmp_path / "sweep.yaml", {"base": "base.yaml"}), _sections())
     assert str(e.value).startswith(f"{tmp_path / 'base.yaml'}: line ")
     assert str(e.value).endswith(": more than 50000 values once aliases are expanded (an alias bomb?)")
 
@@ -78,7 +73,7 @@ def test_sweep_base_is_read_bounded(tmp_path):
 def test_grid_points_share_the_base_config(tmp_path):
     """Each grid point copies only what it changes: the base is not copied per point, and a
     point never leaks into the next."""
-    plan = load_plan(write(tmp_path / "g.yaml", {**GOOD, "grid": {
+    plan = load_plan(dump(tmp_path / "g.yaml", {**GOOD, "grid": {
         "topology.hosts.1.bw_mbps": [5, 7], "workload.batch_size": [8, 16]}}), _sections())
     assert [(e.net.rate("w0", "s1"), e.workload["batch_size"]) for e in plan.experiments] == \
         [(5, 8), (5, 16), (7, 8), (7, 16)]
@@ -87,8 +82,8 @@ def test_grid_points_share_the_base_config(tmp_path):
 
 @pytest.mark.slow
 def test_cli_bad_sweep_exit_2_nothing_run(tmp_path):
-    write(tmp_path / "base.yaml", GOOD)
-    r = invoke("sweep", str(write(tmp_path / "s.yaml", {"base": "base.yaml", "grid": {}, "zip": {"a": 1}})),
+    dump(tmp_path / "base.yaml", GOOD)
+    r = invoke("sweep", str(dump(tmp_path / "s.yaml", {"base": "base.yaml", "grid": {}, "zip": {"a": 1}})),
                "--results", str(tmp_path / "r"), timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == "error: zip.a: must be a non-empty list of values"
     assert not (tmp_path / "r").exists()
@@ -98,7 +93,7 @@ def test_cli_bad_sweep_exit_2_nothing_run(tmp_path):
 
 def test_grid_points_that_are_one_experiment_run_once(tmp_path, capsys):
     """fifo ignores mercury's packet size, so a grid over both has 3 experiments, not 4."""
-    plan = load_plan(write(tmp_path / "g.yaml", {**GOOD, "grid": {
+    plan = load_plan(dump(tmp_path / "g.yaml", {**GOOD, "grid": {
         "scheduler": ["fifo", "mercury"], "schedulers.mercury.packet_bytes": [4096, 16384]}}), _sections())
     todo = [(e, 0, p) for e, p in zip(plan.experiments, plan.points, strict=True)]
     kept = unique_runs(todo)
@@ -110,7 +105,7 @@ def test_grid_points_that_are_one_experiment_run_once(tmp_path, capsys):
 def test_run_plan_checks_the_machine_before_anything(tmp_path, monkeypatch):
     """Library users of run_plan get preflight too: a plan this kernel cannot run is refused
     before cleanup, the state directory or any run."""
-    plan = load_plan(write(tmp_path / "c.yaml", {**GOOD, "tcp": {"congestion_control": "nosuchcc"}}), _sections())
+    plan = load_plan(dump(tmp_path / "c.yaml", {**GOOD, "tcp": {"congestion_control": "nosuchcc"}}), _sections())
     for name in ("completed", "clean", "StateDir", "run_one"):
         monkeypatch.setattr(sweep_module, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} before preflight"))
     with pytest.raises(ConfigError, match=r"^tcp\.congestion_control: 'nosuchcc' is not available in this kernel"):

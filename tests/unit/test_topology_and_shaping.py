@@ -10,27 +10,23 @@ from emu.config.capacity import capacity_graph
 from emu.config.experiment import ConfigError
 from emu.config.plan import load_plan
 from emu.config.shaping import LinkShaping
-from emu.config.topospec import GraphTopology, RacksTopology, StarTopology
+from emu.config.topospec import GraphTopology, RacksTopology
 from emu.testbed import capabilities, preflight
 from tasks import _sections
-from tests.unit.test_config import GOOD
-
-
-def star(**kw):
-    return StarTopology.model_validate({"kind": "star", **kw}).resolve()
+from tests.factories import GOOD, star_spec
 
 
 def test_star_generated_with_slow_hosts():
-    net = star(count=5, bw_mbps=100, heterogeneity={"kind": "slow", "count": 2, "factor": 0.1}, keep=["h0"])
+    net = star_spec(count=5, bw_mbps=100, heterogeneity={"kind": "slow", "count": 2, "factor": 0.1}, keep=["h0"])
     assert net.hosts == ["h0", "h1", "h2", "h3", "h4"]
     assert [net.rate(h, "s1") for h in net.hosts] == [100, 100, 100, 10, 10]
     assert [net.rate("s1", h) for h in net.hosts] == [100, 100, 100, 10, 10]
 
 
 def test_lognormal_heterogeneity_is_seeded_and_mean_preserving():
-    a = star(count=200, bw_mbps=100, heterogeneity={"kind": "lognormal", "sigma": 0.5, "seed": 7})
-    b = star(count=200, bw_mbps=100, heterogeneity={"kind": "lognormal", "sigma": 0.5, "seed": 7})
-    flat = star(count=4, bw_mbps=100, heterogeneity={"kind": "lognormal", "sigma": 0, "seed": 7})
+    a = star_spec(count=200, bw_mbps=100, heterogeneity={"kind": "lognormal", "sigma": 0.5, "seed": 7})
+    b = star_spec(count=200, bw_mbps=100, heterogeneity={"kind": "lognormal", "sigma": 0.5, "seed": 7})
+    flat = star_spec(count=4, bw_mbps=100, heterogeneity={"kind": "lognormal", "sigma": 0, "seed": 7})
     rates = [a.rate(h, "s1") for h in a.hosts]
     assert rates == [b.rate(h, "s1") for h in b.hosts]
     assert {flat.rate(h, "s1") for h in flat.hosts} == {100}

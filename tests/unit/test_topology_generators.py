@@ -18,7 +18,7 @@ from emu.config.topospec import IFNAMSIZ, NetSpec, RacksTopology, SitesTopology,
 from schedulers.collective.forest_plan import plan_forest
 from tasks import _sections
 from tests.conftest import REPO
-from tests.unit.test_config import GOOD, write
+from tests.factories import GOOD, write
 
 NODE_NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
 

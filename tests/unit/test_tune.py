@@ -21,16 +21,11 @@ from emu.run.results import read_runs, record_run
 from emu.sweeps.tune import SPACES, prepare, to_coords, to_params, tune
 from tasks import _sections
 from tests.conftest import invoke
+from tests.factories import experiment, star_topology
 
-CONFIG = {
-    "name": "tunecfg", "seed": 0, "timeout_s": 60,
-    "topology": {"kind": "star", "hosts": [{"name": "ps", "bw_mbps": 100}, {"name": "w0", "bw_mbps": 50},
-                                           {"name": "w1", "bw_mbps": 25}]},
-    "roles": {"servers": ["ps"], "workers": ["w0", "w1"]},
-    "workload": {"model": "cnn", "preset": "tiny", "batch_size": 8, "iterations": 6, "warmup": 1},
-    "scheduler": "fifo",
-    "schedulers": {"bytescheduler": {"partition_numel": 16384, "credit_numel": 65536}},
-}
+CONFIG = experiment(name="tunecfg", seed=0, timeout_s=60, topology=star_topology(ps=100, w0=50, w1=25),
+                    workload={"model": "cnn", "preset": "tiny", "batch_size": 8, "iterations": 6, "warmup": 1},
+                    schedulers={"bytescheduler": {"partition_numel": 16384, "credit_numel": 65536}})
 OPTIMUM = {"partition_numel": 50_000, "credit_ratio": 3.0}
 
 

@@ -218,32 +218,30 @@ def test_peers_are_named_by_listening_address_else_by_host():
 
 
 @pytest.mark.slow
-def test_a_stopped_role_stops_reporting_and_shows_as_stopped(tmp_path):
+def test_a_stopped_role_stops_reporting_and_shows_as_stopped(tmp_path, procs):
     code = ("import sys, time\nfrom schedulers.core.progress import ProgressReporter\n"
             "r = ProgressReporter(sys.argv[1], 'worker0', interval_s=0.1).start()\n"
             "print('up', flush=True)\ntime.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = procs.start([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                    env={**os.environ, "PYTHONPATH": str(REPO)})
     path = contract.path(tmp_path, "worker0")
-    try:
-        assert p.stdout.readline().strip() == b"up"
-        time.sleep(0.3)
-        os.kill(p.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 5
-        while proc_state(p.pid) != "T" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert proc_state(p.pid) == "T"
-        time.sleep(0.15)   # a write in flight when it stopped is done
-        seq = json.loads(path.read_text())["seq"]
-        time.sleep(0.5)
-        assert json.loads(path.read_text())["seq"] == seq        # frozen while stopped
-        os.kill(p.pid, signal.SIGCONT)
-        time.sleep(0.5)
-        assert json.loads(path.read_text())["seq"] > seq
-        assert proc_state(p.pid) in ("S", "R")
-    finally:
-        p.kill()
-        p.wait()
+    assert p.stdout.readline().strip() == b"up"
+    time.sleep(0.3)
+    os.kill(p.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 5
+    while proc_state(p.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc_state(p.pid) == "T"
+    time.sleep(0.15)   # a write in flight when it stopped is done
+    seq = json.loads(path.read_text())["seq"]
+    time.sleep(0.5)
+    assert json.loads(path.read_text())["seq"] == seq        # frozen while stopped
+    os.kill(p.pid, signal.SIGCONT)
+    time.sleep(0.5)
+    assert json.loads(path.read_text())["seq"] > seq
+    assert proc_state(p.pid) in ("S", "R")
+    p.kill()
+    p.wait()
     assert proc_state(p.pid) is None
 
 
