@@ -46,7 +46,7 @@ def two_racks(per_rack, uplink):
 
 def allreduce_job(hosts, topology, sizes, iterations, params, seed=0):
     """The data path on the plan of the configured rates (measured bandwidth:
-    tests/test_forest_replan.py)."""
+    tests/loopback/test_forest_replan.py)."""
     params = {"bandwidth": "configured", **params}
     eps = endpoints(hosts)
     n = len(hosts)

@@ -88,6 +88,7 @@ def _job(n, iterations, delay_at=None, params=None):
     return [out[r][1] for r in range(n)]
 
 
+@pytest.mark.slow
 def test_start_up_probe_plans_on_measured_rates_identically_everywhere():
     infos = _job(3, 3)
     assert all((i["plan"], i["plans"]) == (infos[0]["plan"], infos[0]["plans"]) for i in infos)

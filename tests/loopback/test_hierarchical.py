@@ -1,7 +1,7 @@
 """The hierarchical all-reduce on loopback TCP: the grouping, averages against a numpy
 reference for uneven groups, one group and a group of one, stages that overlap, and
 failures that end every worker with an error naming the culprit. Workers run as threads,
-except a worker that dies, which is a real process (tests/test_schedulers_loopback.py)."""
+except a worker that dies, which is a real process (tests/loopback_jobs.py's spawn_job)."""
 from __future__ import annotations
 
 import threading
@@ -249,6 +249,7 @@ def _survivors(params, eps, topology, ranks, sizes, iterations, results, connect
     return threads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dead,stop_after", [(3, 0), (3, 3), (1, 3), (0, 0)],
                          ids=["member-dies-idle", "member-dies-mid-backward", "leader-dies", "worker0-dies"])
 def test_worker_death_names_it_everywhere(dead, stop_after):

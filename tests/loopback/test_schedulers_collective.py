@@ -196,6 +196,7 @@ def _spec(name, params, eps, rank, sizes, iterations, **kw):
             **kw}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_after", [0, 3], ids=["dies-idle", "dies-mid-backward"])
 def test_ring_worker_death_names_it_everywhere(stop_after):
     """Worker 2 of 5 dies (its process exits without a word) during iteration 1, either

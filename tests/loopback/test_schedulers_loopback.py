@@ -23,7 +23,7 @@ def cases():
     for name in sorted(registry.SCHEDULERS):
         collective = not registry.SCHEDULERS[name].Params.requires_servers
         for workers, servers in CASES:
-            slow = name == "gloo" or (name in ("bytescheduler", "forest") and workers > 1)
+            slow = name in ("gloo", "bytescheduler") or (name == "forest" and workers > 1) or workers == 8
             out.append(pytest.param(name, workers, 0 if collective else servers,
                                     id=f"{name}-{workers}w" + ("" if collective else f"-{servers}s"),
                                     marks=pytest.mark.slow if slow else ()))

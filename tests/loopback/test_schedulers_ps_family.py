@@ -49,6 +49,7 @@ PARAMS = {"p3": {"slice_numel": 4096}, "mercury": {"packet_bytes": 16 * KiB}}
 
 
 # ---------------------------------------------------------------- transport
+@pytest.mark.slow
 def test_kernel_send_queue_is_bounded_by_time():
     """Against a reader that drains 20 Mb/s, the adaptive TCP_NOTSENT_LOWAT comes down from
     its initial 1 MiB to about QUEUE_S of that rate, and the kernel really holds no more
@@ -146,6 +147,7 @@ def test_server_reuses_buffers_across_iterations():
 
 
 # ---------------------------------------------------------------- priority in traces
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mercury", "p3"])
 def test_lower_layer_ready_during_send_goes_next(name):
     """A layer nearer the input that becomes ready while a later layer's packets are being
@@ -219,6 +221,7 @@ def test_p3_server_sums_received_slices_by_priority():
 
 
 # ---------------------------------------------------------------- modes
+@pytest.mark.slow
 def test_server_process_takes_its_mode_from_the_spec(procs, tmp_path):
     """`python -m workloads.server SPEC.json` serves the spec's scheduler and refuses
     workers that speak another one, naming both; the worker fails, it does not hang."""
@@ -287,6 +290,7 @@ def _survivor(name, rank, workers, eps, ready: threading.Barrier, hold: threadin
     raise AssertionError("iteration 1 completed without the dead peer")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["p3", "mercury"])
 def test_dead_server_makes_every_worker_fail_naming_it(name, procs, tmp_path):
     """Server 0 (a real process) is killed with SIGKILL while worker 0 waits for iteration 1;

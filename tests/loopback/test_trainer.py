@@ -94,7 +94,8 @@ def zoo_batches(model: str, workers: int, batch_size: int = 8):
 
 
 @pytest.mark.parametrize("scheduler,params,workers", [
-    ("fifo", {}, 1), ("fifo", {}, 2), ("bytescheduler", SMALL_PARTS, 2), ("p3", {"slice_numel": 100}, 2),
+    pytest.param("fifo", {}, 1, marks=pytest.mark.slow), ("fifo", {}, 2),
+    pytest.param("bytescheduler", SMALL_PARTS, 2, marks=pytest.mark.slow), ("p3", {"slice_numel": 100}, 2),
     ("mercury", {"packet_bytes": 256}, 2), ("ring", {"chunk_kb": 1}, 3),
     pytest.param("forest", {"chunk_numel": 64}, 3, marks=pytest.mark.slow)])
 def test_cnn_distributed_equals_union_batch(scheduler, params, workers):
@@ -108,7 +109,8 @@ def test_cnn_distributed_equals_union_batch(scheduler, params, workers):
 
 
 @pytest.mark.parametrize("model,scheduler", [
-    ("alexnet", "fifo"), pytest.param("vgg", "bytescheduler", marks=pytest.mark.slow), ("resnet", "fifo"),
+    ("alexnet", "fifo"), pytest.param("vgg", "bytescheduler", marks=pytest.mark.slow),
+    pytest.param("resnet", "fifo", marks=pytest.mark.slow),
     pytest.param("resnet", "bytescheduler", marks=pytest.mark.slow),
     ("bert", "fifo"), ("bert", "bytescheduler"), ("lstm", "fifo"), ("lstm", "bytescheduler"),
     ("alexnet", "mercury"), ("vgg", "p3"), ("resnet", "ring"), pytest.param("lstm", "forest", marks=pytest.mark.slow)])

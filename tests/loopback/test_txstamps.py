@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analysis.tables import load_tx_frames
 from contracts.tx_frames import summary
@@ -204,6 +205,7 @@ def test_stamps_only_when_traced(tmp_path):
         assert 0 <= row["inversion_p50_s"] <= row["inversion_p99_s"] <= row["inversion_max_s"]
 
 
+@pytest.mark.slow
 def test_traced_job_writes_the_table_and_the_row_figures(tmp_path):
     """Role processes (workloads/local.py): each worker and the server writes its
     `<role><rank>.tx_frames.npz`; the runner's `_collect` makes them one table."""

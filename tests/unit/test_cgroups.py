@@ -269,6 +269,7 @@ def test_shares_are_mininets_cfs_arithmetic():
 
 # ---------------------------------------------------------------------------- a group's life
 
+@pytest.mark.slow
 def test_v2_group_created_limited_read_back_and_removed_with_every_change_undone(tree, tmp_path):
     """The root's subtree_control lacks cpu (as a machine whose systemd enables none): the
     harness enables it, records that first, and takes it back with its own cgroup."""

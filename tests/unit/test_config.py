@@ -128,7 +128,9 @@ def test_bad_override(tmp_path):
         load_plan(write(tmp_path, GOOD), _sections(), overrides=["iterations"])
 
 
-@pytest.mark.parametrize("cfg,message", [BAD[0], BAD[2], BAD[4]], ids=["negative-bw", "dup-host", "unknown-key"])
+@pytest.mark.parametrize("cfg,message", [BAD[0], pytest.param(*BAD[2], marks=pytest.mark.slow),
+                                         pytest.param(*BAD[4], marks=pytest.mark.slow)],
+                         ids=["negative-bw", "dup-host", "unknown-key"])
 def test_cli_bad_config_one_line_exit_2_nothing_created(tmp_path, cfg, message):
     results = tmp_path / "results"
     r = invoke("run", str(write(tmp_path, cfg)), "--results", str(results), timeout=60)
@@ -138,6 +140,7 @@ def test_cli_bad_config_one_line_exit_2_nothing_created(tmp_path, cfg, message):
     assert not results.exists()
 
 
+@pytest.mark.slow
 def test_cli_missing_file(tmp_path):
     r = invoke("run", str(tmp_path / "missing.yaml"), "--results", str(tmp_path / "r"), timeout=60)
     assert r.returncode == 2
@@ -152,7 +155,7 @@ def test_demo_config_is_valid():
     assert len(set(rates)) == len(rates), "the demo's links must differ per host"
 
 
-# configs/ray/ holds Ray cluster files, not experiments (tests/test_raysweep.py checks them).
+# configs/ray/ holds Ray cluster files, not experiments (tests/unit/test_raysweep.py checks them).
 SHIPPED = [p.relative_to(REPO) for d in ("configs", "tests/data") for p in (REPO / d).rglob("*.yaml")
            if not p.is_relative_to(REPO / "configs" / "ray")]
 
@@ -517,6 +520,7 @@ def _cli_file(tmp_path, which):
     return dict((c[0], c[1]) for c in HOSTILE)[which](tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", CLI_HOSTILE)
 def test_cli_hostile_input_one_line_exit_2_bounded(tmp_path, which):
     """Through the CLI: one line, exit 2, nothing created, and bounded time and memory (the

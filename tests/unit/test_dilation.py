@@ -127,6 +127,7 @@ def test_bad_time_dilation_names_the_field(tmp_path, cfg, message):
     assert str(e.value) == message
 
 
+@pytest.mark.slow
 def test_cli_refuses_real_compute_dilated_one_line_exit_2(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(variant(GOOD, time_dilation=2)))

@@ -47,6 +47,7 @@ def faults(*specs) -> list[Fault]:
     return [Fault.model_validate(s) for s in specs]
 
 
+@pytest.mark.slow
 def test_each_fault_is_applied_and_undone_on_time_and_logged():
     rec = Recorder()
     f = Faults(faults({"at_s": 0.1, "kind": "stop", "target": "worker0", "for_s": 0.3},

@@ -171,7 +171,7 @@ CLEAN = {
     "schedulers/base.py": "from contracts.role_spec import RoleSpec\n",
     "workloads/worker.py": "from schedulers import base\nimport contracts\n",
     "tasks.py": "from emu import runner\nimport workloads.worker\n",
-    "tests/test_x.py": "import emu, workloads, schedulers, contracts, tasks\n",
+    "tests/unit/test_x.py": "import emu, workloads, schedulers, contracts, tasks\n",
 }
 
 

@@ -2,7 +2,7 @@
 
 The kernel is stood in for by a dict (a narrowly scoped fake of read/write_sysctl), so the
 ordering logic is checked without touching this machine; the Mininet tests check the real
-thing (tests/test_e2e_mininet.py, fresh machine)."""
+thing (tests/mininet/test_e2e_mininet.py, fresh machine)."""
 from __future__ import annotations
 
 import json

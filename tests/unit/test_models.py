@@ -91,6 +91,7 @@ def test_demo_images_unchanged():
     assert torch.equal(x, x2) and torch.equal(y, y2)
 
 
+@pytest.mark.slow
 def test_cnn_learns_digits():
     """Real data, no download: on scikit-learn's digits the loss falls and held-out accuracy
     rises well above chance within 40 iterations."""

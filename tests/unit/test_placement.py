@@ -240,6 +240,7 @@ def test_cli_bad_best_one_line_exit_2_nothing_created(tmp_path):
     assert not results.exists()
 
 
+@pytest.mark.slow
 def test_parsing_best_does_not_need_mininet(tmp_path):
     """Placement reads the capacity graph; parsing a config still imports no Mininet."""
     code = ("import sys; from emu.config.plan import load_plan; from tasks import _sections; "

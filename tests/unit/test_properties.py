@@ -1,7 +1,7 @@
 """Invariants that every result rests on, as properties over small random inputs (hypothesis),
 without the network: which iterations are measured, what an iteration's window holds, run
 ids, and the analytic bounds. The Mininet tier checks a few of them on real runs
-(tests/test_e2e_mininet.py)."""
+(tests/mininet/test_e2e_mininet.py)."""
 from __future__ import annotations
 
 import copy
@@ -28,6 +28,7 @@ FAST = settings(max_examples=60)
 
 # ---------------------------------------------------------------------------- measured iterations
 
+@pytest.mark.slow
 @FAST
 @given(iterations=st.integers(1, 500), warmup=st.integers(0, 600))
 def test_a_run_measures_exactly_iterations_minus_warmup_or_is_refused(iterations, warmup):
@@ -154,6 +155,7 @@ def all_bounds(g, workers, servers) -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 @settings(max_examples=30)
 @given(net=NETWORKS, server=st.booleans(), edge=st.integers(0, 10 ** 6), factor=st.floats(1.0, 20.0))
 def test_bounds_never_grow_with_bandwidth_and_none_is_below_the_cut_bound(net, server, edge, factor):

@@ -167,6 +167,7 @@ def test_a_failed_run_is_a_failed_trial_and_a_measured_proposal_is_reused(tmp_pa
     assert rec2["cost"] == {"trials": 1, "runs": 0, "run_wall_s": 0.0, "wall_s": pytest.approx(rec2["cost"]["wall_s"])}
 
 
+@pytest.mark.slow
 def test_tuned_json_and_tuned_yaml(tmp_path):
     root = tmp_path / "results"
     rec = tune(spec_for(tmp_path, 8, seed=3), root, run=StandIn(), log=lambda s: None)
