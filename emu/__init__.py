@@ -5,5 +5,5 @@
 - `emu.run`: one experiment. Network up, roles launched, the watchdog and faults, records collected, the row written.
 - `emu.sweeps`: many experiments. A plan run on this machine or on Ray, and the tuning of scheduler tunables.
 
-Each package imports only those above it in this list (tests/test_layers.py).
+Each package imports only those above it in this list (tests/unit/test_layers.py).
 """

@@ -9,7 +9,7 @@ whose path crosses it, and the server's rate is
     rate(s) = min over loaded link directions of capacity / load      (bit/s of gradient),
 
 so one iteration's traffic takes at least G x 8 / rate(s): `analysis/bounds.py` `ps_bound_s`
-for S = 1 (tests/test_placement.py checks they agree).
+for S = 1 (tests/unit/test_placement.py checks they agree).
 
 Every `NetSpec` is a tree (switches form one, each host hangs off one switch), so the
 shortest path between two hosts is the tree path, and a link carries, both ways, one unit per

@@ -15,7 +15,7 @@ prebuilt requests (one RTM_GETQDISC per shaped interface, one RTM_GETSTATS dump 
 namespace's link counters) and reads only the fields it needs, at their fixed offsets, with
 `struct`: a few microseconds a message. pyroute2's own decoders read every attribute of every
 message into Python objects, which costs far more than the budget (README: Testbed figures);
-tests/test_netlink.py checks these parsers against pyroute2's decoders on kernel replies.
+tests/unit/test_netlink.py checks these parsers against pyroute2's decoders on kernel replies.
 
 Rate changes. `htb_class_change` is what `tc class change ... htb rate R ceil R burst B
 cburst B quantum 1514` sends (emu/testbed/tc.py `_rate_args`), with the link layer given
