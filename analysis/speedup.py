@@ -11,7 +11,7 @@ What it is computed over depends on how many runs there are; the `unit` column s
   run medians; interval: Welch's t interval on their logarithms (`scipy.stats.ttest_ind`,
   unequal variances), exponentiated. Not a bootstrap: with 3-5 runs a bootstrap of the
   mean covers the true ratio only ~83% of the time at a nominal 95% (it has 10 distinct
-  resamples of 3 values), while this interval keeps ~95% (tests/test_analysis.py checks it).
+  resamples of 3 values), while this interval keeps ~95% (tests/unit/test_analysis.py checks it).
 - ``iterations``: fewer runs. One observation per measured iteration of each run (the
   workers' mean time for it), pooled over the runs. Estimate: ratio of medians; interval:
   `scipy.stats.bootstrap` (BCa, percentile where BCa degenerates), the two samples

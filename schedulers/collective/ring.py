@@ -16,7 +16,7 @@ memory). All n segments start at once, every link carries a chunk while the next
 added, and later buckets overlap earlier ones, so no link idles while the ring has bytes
 for it. Among queued frames a link sends the oldest iteration, then the earliest bucket,
 then the chunk furthest along its path, which finishes buckets in order
-(tests/test_schedulers_collective.py checks the time against the bandwidth optimum).
+(tests/loopback/test_schedulers_collective.py checks the time against the bandwidth optimum).
 
 `wait` returns a view of the bucket's result buffer: it holds the average until that
 gradient is pushed again (the trainer applies it before the next backward).
