@@ -1,4 +1,4 @@
-"""Records kernel replies into recorded.json beside this file, for tests/test_netlink.py.
+"""Records kernel replies into recorded.json beside this file, for tests/unit/test_netlink.py.
 
     sudo .venv/bin/python tests/data/netlink/record.py
 
