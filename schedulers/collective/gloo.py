@@ -56,6 +56,11 @@ class GlooBucket(BucketState):
 class Gloo(Scheduler):
     name = "gloo"
     Params = GlooParams
+    family = "collective"
+    bound_model = "ring_allreduce"  # its all-reduce is a ring (in rank order)
+    display_order = 5
+    claims = {"forest-heterogeneous": "baseline"}
+    report_sections = ("forest_compare",)  # a baseline there, judged by its rank-order ring's bound
 
     def __init__(self, ctx: RoleContext, params: GlooParams):
         super().__init__(ctx, params)

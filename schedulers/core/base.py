@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import abc
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+from contracts.scheduler_info import BoundModel, ClaimRole, Family, SchedulerInfo, TuneDim
 
 
 class SchedulerParams(BaseModel):
@@ -73,6 +76,25 @@ class CommError(RuntimeError):
 class Scheduler(abc.ABC):
     name: ClassVar[str]
     Params: ClassVar[type[SchedulerParams]] = SchedulerParams
+    # What the rest of the harness knows about the scheduler, declared here once (`describe`,
+    # contracts/scheduler_info.py); those without a default every scheduler must declare.
+    family: ClassVar[Family]
+    bound_model: ClassVar[BoundModel]
+    display_order: ClassVar[int]
+    display_name: ClassVar[str | None] = None  # None: its name
+    tuning: ClassVar[tuple[TuneDim, ...]] = ()
+    baseline: ClassVar[bool] = False
+    claims: ClassVar[Mapping[str, ClaimRole]] = {}
+    report_sections: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def describe(cls) -> SchedulerInfo:
+        """The class's declarations as one typed description: what emu/ and analysis/, which
+        may not import schedulers, read instead (registry.infos(), the run's row)."""
+        return SchedulerInfo(name=cls.name, family=cls.family, requires_servers=cls.Params.requires_servers,
+                             bound_model=cls.bound_model, display_name=cls.display_name or cls.name,
+                             display_order=cls.display_order, tuning=cls.tuning, baseline=cls.baseline,
+                             claims=dict(cls.claims), report_sections=cls.report_sections)
 
     def __init__(self, ctx: RoleContext, params: SchedulerParams):
         self.ctx = ctx

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from contracts.scheduler_info import TuneDim
 from schedulers.ps.client import CommTask, PSParams, PSScheduler
 
 
@@ -27,6 +28,20 @@ class ByteSchedulerParams(PSParams):
 class ByteScheduler(PSScheduler):
     name = "bytescheduler"
     Params = ByteSchedulerParams
+    family = "parameter_server"
+    bound_model = "parameter_server"  # each worker pushes and pulls G/S to and from each of the S servers
+    display_order = 1
+    # Around the paper's defaults and the 1/60 scaling of configs/sweeps/priority_base.yaml (partition
+    # 16k, credit 64k), wide enough for models of 0.1M to 100M parameters. Credit is searched as a
+    # multiple of the partition, so every point is a valid pair (credit >= partition) and the space
+    # stays a fixed box, which TPE and GP sample best.
+    tuning = (TuneDim(name="partition_numel", param="partition_numel", low=1_000, high=4_000_000, integer=True,
+                      about="parameters per partition"),
+              TuneDim(name="credit_ratio", param="credit_numel", low=1.0, high=16.0, integer=False,
+                      about="credit_numel = round(partition_numel x credit_ratio)", ratio_of="partition_numel"))
+    claims = {"mercury-over-partitioning": "baseline", "mercury-over-partitioning-dynamic": "baseline",
+              "forest-heterogeneous": "baseline"}
+    report_sections = ("startup",)  # its partition against the start-up cost
 
     def partition_numel(self) -> int:
         return self.params.partition_numel

@@ -23,6 +23,13 @@ class FIFOParams(PSParams):
 class FIFO(PSScheduler):
     name = "fifo"
     Params = FIFOParams
+    family = "parameter_server"
+    bound_model = "parameter_server"  # each worker pushes and pulls G/S to and from each of the S servers
+    display_order = 0
+    baseline = True  # the plain parameter server both papers measure against
+    claims = {"mercury-over-ps": "baseline", "mercury-over-ps-dynamic": "baseline",
+              "forest-heterogeneous": "baseline"}
+    report_sections = ("startup",)  # a reference level per start-up cost
 
     def order(self, task: CommTask) -> tuple:
         return (task.seq, task.chunk)

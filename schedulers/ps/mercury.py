@@ -50,6 +50,12 @@ class Mercury(PushScheduler):
     name = "mercury"
     Params = MercuryParams
     server_mode = Mode.IMMEDIATE
+    family = "parameter_server"
+    bound_model = "parameter_server"  # each worker pushes and pulls G/S to and from each of the S servers
+    display_order = 3
+    claims = {"mercury-over-ps": "claimed", "mercury-over-partitioning": "claimed",
+              "mercury-over-ps-dynamic": "claimed", "mercury-over-partitioning-dynamic": "claimed"}
+    report_sections = ("startup",)  # its start-up cost once per tensor against partitioning's
 
     def slice_numel(self) -> int:
         return self.params.packet_bytes // 4

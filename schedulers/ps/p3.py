@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from contracts.scheduler_info import TuneDim
 from schedulers.core.base import TensorSpec
 from schedulers.ps.client import PSParams, PushScheduler, assign_servers
 from schedulers.transport.connection import Mode
@@ -27,6 +28,14 @@ class P3(PushScheduler):
     name = "p3"
     Params = P3Params
     server_mode = Mode.QUEUED
+    family = "parameter_server"
+    bound_model = "parameter_server"  # each worker pushes and pulls G/S to and from each of the S servers
+    display_order = 2
+    tuning = (TuneDim(name="slice_numel", param="slice_numel", low=1_000, high=1_000_000, integer=True,
+                      about="elements per slice"),)  # around P3's 40k
+    claims = {"mercury-over-partitioning": "baseline", "mercury-over-partitioning-dynamic": "baseline",
+              "forest-heterogeneous": "baseline"}
+    report_sections = ("startup",)  # a reference level per start-up cost
 
     def slice_numel(self) -> int:
         return self.params.slice_numel

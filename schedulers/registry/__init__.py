@@ -1,12 +1,15 @@
-"""Scheduler name -> class. Adding a scheduler: write its module, then add one line here.
+"""Scheduler name -> class. Adding a scheduler: write its module (its class declares what the
+rest of the harness knows about it, `Scheduler.describe`), then add one line here.
 
 Importing this module is cheap (no torch), so the orchestrator can validate configs with
-`params_models()` without loading the training stack.
+`params_models()` and hand emu/ and analysis/ the schedulers' descriptions (`infos()`) without
+loading the training stack.
 """
 from __future__ import annotations
 
 from pydantic import BaseModel
 
+from contracts.scheduler_info import SchedulerInfo
 from schedulers.collective.forest import Forest
 from schedulers.collective.gloo import Gloo
 from schedulers.collective.hierarchical import Hierarchical
@@ -24,6 +27,11 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
 
 def params_models() -> dict[str, type[BaseModel]]:
     return {name: cls.Params for name, cls in SCHEDULERS.items()}
+
+
+def infos() -> dict[str, SchedulerInfo]:
+    """Every scheduler's description (contracts/scheduler_info.py), in registry order."""
+    return {name: cls.describe() for name, cls in SCHEDULERS.items()}
 
 
 def create(name: str, ctx: RoleContext, params: dict) -> Scheduler:
