@@ -7,7 +7,10 @@ emu/config/errors.py).
 
 emu/ may not import workloads/ or schedulers/, yet their sections must be validated up
 front. So the caller passes their pydantic models in (`Sections`): dependency injection
-keeps the layering and still validates everything before a run starts.
+keeps the layering and still validates everything before a run starts. The same hand-over
+carries what the registry says about each scheduler (`SchedulerInfo`, contracts/scheduler_info.py):
+a validated experiment keeps its scheduler's (`scheduler_info`, outside the resolved config and so
+outside the run id), which the runner records with the run.
 
 Validation looks at the config only, never at the machine, so a config means the same, and
 has the same run ids, everywhere. Whether this kernel can emulate it (congestion control,
@@ -34,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from contracts.scheduler_info import SchedulerInfo
 from emu.config.crosstraffic import Flow
 from emu.config.dilation import MAX_TIME_DILATION, dilate_params, dilate_workload
 from emu.config.errors import describe, quote
@@ -194,6 +198,7 @@ class Experiment(Strict):
         description="names this variant of the scheduler in reports (e.g. tuned: `bytescheduler (tuned)` beside "
                     "`bytescheduler`); unset by default, when it changes nothing, run ids included")
     _net: NetSpec | None = PrivateAttr(default=None)
+    _scheduler_info: SchedulerInfo | None = PrivateAttr(default=None)  # from Sections; not hashed
 
     @field_validator("time_dilation", mode="before")
     @classmethod
@@ -275,6 +280,11 @@ class Experiment(Strict):
     def scheduler_params(self) -> dict[str, Any]:
         return dict(self.schedulers.get(self.scheduler, {}))
 
+    @property
+    def scheduler_info(self) -> SchedulerInfo | None:
+        """What the registry says about the scheduler (Sections.infos), None where it was not handed over."""
+        return self._scheduler_info
+
     def resolved(self) -> dict[str, Any]:
         """Plain dict of the config with only the chosen scheduler's section (what is hashed)."""
         d = self.model_dump(mode="json")
@@ -343,10 +353,12 @@ class Sections:
 
     workload: pydantic model of the `workload:` section.
     schedulers: scheduler name -> pydantic model of its tunables.
+    infos: scheduler name -> what the registry says about it (its tuning space, its family, ...).
     """
 
     workload: type[BaseModel] | None = None
     schedulers: Mapping[str, type[BaseModel]] = field(default_factory=dict)
+    infos: Mapping[str, SchedulerInfo] = field(default_factory=dict)
 
 
 def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path = Path("."),
@@ -391,7 +403,9 @@ def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path 
             raise ConfigError(f"roles.servers: scheduler {exp.scheduler!r} runs among the workers; "
                               f"it uses no servers (remove them)")
     _check_dilated_sections(exp.time_dilation, d, sections)
-    return Experiment.model_validate(d, context=ctx)
+    out = Experiment.model_validate(d, context=ctx)
+    out._scheduler_info = sections.infos.get(out.scheduler)
+    return out
 
 
 def _check_dilated_sections(k: float, d: dict[str, Any], sections: Sections) -> None:

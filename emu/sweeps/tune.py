@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from contracts.scheduler_info import TuneDim
 from emu.config.errors import quote
 from emu.config.experiment import ConfigError, Experiment, Sections, validate_experiment
 from emu.config.plan import MAX_RUNS, Plan, at_point, load_plan
@@ -48,57 +49,51 @@ STARTUP_TRIALS = 5
 STUDY_FILE, TUNED_JSON, TUNED_YAML = "study.db", "tuned.json", "tuned.yaml"
 
 
-@dataclass(frozen=True)
-class Dim:
-    """One coordinate of the search space, log-uniform on [low, high]."""
-
-    name: str
-    low: float
-    high: float
-    integer: bool
-    about: str
-
-    def describe(self) -> dict[str, Any]:
-        return {"low": self.low, "high": self.high, "log": True, "type": "int" if self.integer else "float",
-                "about": self.about}
+# A scheduler's search space is its class's `tuning` (contracts/scheduler_info.py TuneDim), handed
+# over in Sections.infos: a box of log-uniform coordinates, each setting one tunable, directly or
+# as a ratio of another (bytescheduler's credit as a multiple of its partition).
+Space = tuple[TuneDim, ...]
 
 
-# Search spaces around the papers' defaults and the 1/60 scaling of configs/sweeps/priority_base.yaml
-# (partition 16k, credit 64k; P3's 40k slice), wide enough for models of 0.1M to 100M parameters.
-# Credit is searched as a multiple of the partition, so every point is a valid pair
-# (credit >= partition) and the space stays a fixed box, which TPE and GP sample best.
-SPACES: dict[str, tuple[Dim, ...]] = {
-    "bytescheduler": (
-        Dim("partition_numel", 1_000, 4_000_000, True, "parameters per partition"),
-        Dim("credit_ratio", 1.0, 16.0, False, "credit_numel = round(partition_numel x credit_ratio)"),
-    ),
-    "p3": (Dim("slice_numel", 1_000, 1_000_000, True, "elements per slice"),),
-}
+def describe(d: TuneDim) -> dict[str, Any]:
+    """A coordinate as tuned.json and the study's fingerprint record it."""
+    return {"low": d.low, "high": d.high, "log": True, "type": "int" if d.integer else "float", "about": d.about}
 
 
-TUNED = {"bytescheduler": ("partition_numel", "credit_numel"), "p3": ("slice_numel",)}  # the config keys set
+def tunables(space: Space) -> tuple[str, ...]:
+    """The config keys a point of the space sets."""
+    return tuple(d.param for d in space)
 
 
-def to_params(scheduler: str, coords: dict[str, Any]) -> dict[str, int]:
-    """Search coordinates -> the scheduler's config values."""
-    if scheduler == "bytescheduler":
-        p = int(coords["partition_numel"])
-        return {"partition_numel": p, "credit_numel": max(p, round(p * float(coords["credit_ratio"])))}
-    return {k: int(v) for k, v in coords.items()}
+def to_params(space: Space, coords: dict[str, Any]) -> dict[str, Any]:
+    """Search coordinates -> the scheduler's config values (a ratio's base first)."""
+    out: dict[str, Any] = {d.param: int(coords[d.name]) if d.integer else float(coords[d.name])
+                           for d in space if d.ratio_of is None}
+    for d in space:
+        if d.ratio_of is not None:
+            base = out[d.ratio_of]
+            out[d.param] = max(base, round(base * float(coords[d.name])))
+    return {k: out[k] for k in tunables(space)}
 
 
-def to_coords(scheduler: str, params: dict[str, Any]) -> dict[str, Any] | None:
+def to_coords(space: Space, params: dict[str, Any]) -> dict[str, Any] | None:
     """Config values -> search coordinates; None when they lie outside the space."""
-    if scheduler == "bytescheduler":
-        p = int(params["partition_numel"])
-        coords: dict[str, Any] = {"partition_numel": p, "credit_ratio": params["credit_numel"] / p}
-    else:
-        coords = {d.name: int(params[d.name]) for d in SPACES[scheduler]}
-    if not all(d.low <= coords[d.name] <= d.high for d in SPACES[scheduler]):
+    coords: dict[str, Any] = {}
+    for d in space:
+        if d.ratio_of is not None:
+            coords[d.name] = params[d.param] / int(params[d.ratio_of])
+        else:
+            coords[d.name] = int(params[d.param]) if d.integer else float(params[d.param])
+    if not all(d.low <= coords[d.name] <= d.high for d in space):
         return None
-    if to_params(scheduler, coords) != {k: params[k] for k in TUNED[scheduler]}:
+    if to_params(space, coords) != {k: params[k] for k in tunables(space)}:
         return None
     return coords
+
+
+def tunable(sections: Sections) -> list[str]:
+    """The schedulers that declare a search space, in registry order."""
+    return [name for name, info in sections.infos.items() if info.tuning]
 
 
 @dataclass(frozen=True)
@@ -119,17 +114,17 @@ class TuneSpec:
     source: dict[str, Any] = field(default_factory=dict)   # config, point, overrides
 
     @property
-    def dims(self) -> tuple[Dim, ...]:
-        return SPACES[self.scheduler]
+    def dims(self) -> Space:
+        return self.sections.infos[self.scheduler].tuning
 
     def fingerprint(self) -> str:
         """What a study may be resumed with: the setting, the scheduler and its tunables that are
         not searched (e.g. startup_us), the search space, the sampler and its seed (not the
         budget: it may grow)."""
         setting = {k: v for k, v in self.base.resolved().items() if k not in ("schedulers", "name")}
-        fixed = {k: v for k, v in self.base.scheduler_params.items() if k not in TUNED[self.scheduler]}
+        fixed = {k: v for k, v in self.base.scheduler_params.items() if k not in tunables(self.dims)}
         blob = json.dumps({"setting": setting, "scheduler": self.scheduler, "fixed": fixed, "sampler": self.sampler,
-                           "seed": self.seed, "space": [d.describe() for d in self.dims]}, sort_keys=True)
+                           "seed": self.seed, "space": [describe(d) for d in self.dims]}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def experiment(self, params: dict[str, Any]) -> Experiment:
@@ -151,13 +146,13 @@ def _integer(text: Any, what: str, low: int, high: int) -> int:
 
 def _check_request(scheduler: str | None, budget: Any, sampler: str, max_minutes: Any, seed: Any,
                    sections: Sections) -> tuple[int, float | None, int]:
-    known = sorted(sections.schedulers)
+    known, spaces = sorted(sections.schedulers), tunable(sections)
     if not scheduler:
-        raise ConfigError(f"--scheduler: required (tunable: {', '.join(SPACES)})")
+        raise ConfigError(f"--scheduler: required (tunable: {', '.join(spaces)})")
     if known and scheduler not in known:
         raise ConfigError(f"--scheduler {quote(scheduler)}: unknown scheduler (known: {', '.join(known)})")
-    if scheduler not in SPACES:
-        raise ConfigError(f"--scheduler {scheduler}: has no tunables to tune (tunable: {', '.join(SPACES)})")
+    if scheduler not in spaces:
+        raise ConfigError(f"--scheduler {scheduler}: has no tunables to tune (tunable: {', '.join(spaces)})")
     if budget is None:
         raise ConfigError("--budget: required (the number of trials, each one run)")
     n = _integer(budget, "--budget", 1, MAX_BUDGET)
@@ -268,7 +263,7 @@ def open_study(spec: TuneSpec, tune_dir: Path):
         study = optuna.create_study(study_name="tune", storage=f"sqlite:///{path}", direction="minimize")
         study.set_user_attr("fingerprint", spec.fingerprint())
         study.set_user_attr("wall_s", 0.0)
-        coords = to_coords(spec.scheduler, spec.base.scheduler_params)
+        coords = to_coords(spec.dims, spec.base.scheduler_params)
         if coords is not None:
             study.enqueue_trial(coords, user_attrs={"origin": "config"})
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -282,7 +277,7 @@ def counted(study) -> list:
     return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("status") in ("ok", "failed")]
 
 
-def _suggest(trial, dims: tuple[Dim, ...]) -> dict[str, Any]:
+def _suggest(trial, dims: Space) -> dict[str, Any]:
     return {d.name: trial.suggest_int(d.name, int(d.low), int(d.high), log=True) if d.integer
             else trial.suggest_float(d.name, d.low, d.high, log=True) for d in dims}
 
@@ -307,7 +302,7 @@ def _one_trial(study, spec: TuneSpec, results_root: Path, run: RunFn) -> Any:
     leaves the trial running in the study, to be closed and run again on resume."""
     optuna = _optuna()
     trial = study.ask()
-    params = to_params(spec.scheduler, _suggest(trial, spec.dims))
+    params = to_params(spec.dims, _suggest(trial, spec.dims))
     exp = spec.experiment(params)
     rid = exp.run_id(0)
     trial.set_user_attr("params", params)
@@ -420,14 +415,14 @@ def record(study, spec: TuneSpec) -> dict[str, Any]:
         "setting": {"point": spec.setting, "network": spec.base.net.describe(),
                     "workload": spec.base.workload, "seed": spec.base.seed},
         "objective": f"{OBJECTIVE}: the run's median iteration time in seconds, minimised",
-        "search_space": {d.name: d.describe() for d in spec.dims},
+        "search_space": {d.name: describe(d) for d in spec.dims},
         "library": {"name": "optuna", "version": optuna.__version__,
                     "sampler": {"tpe": "TPESampler", "gp": "GPSampler"}[spec.sampler], "seed": spec.seed,
                     "storage": STUDY_FILE, "reseeded": "per trial, from (seed, trial number)"},
         "budget": spec.budget,
         "best": None if best is None else {"trial": best.number, "params": best.user_attrs["params"],
                                            "objective": best.value, "run_id": best.user_attrs["run_id"]},
-        "config_values": {"params": {k: spec.base.scheduler_params[k] for k in TUNED[spec.scheduler]},
+        "config_values": {"params": {k: spec.base.scheduler_params[k] for k in tunables(spec.dims)},
                           "objective": config_trial["objective"] if config_trial else None,
                           "run_id": config_trial["run_id"] if config_trial else None},
         "cost": {"trials": len(counted(study)), "runs": len(ran),

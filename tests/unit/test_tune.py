@@ -18,7 +18,8 @@ from analysis.tables import load_runs
 from emu.config.experiment import ConfigError
 from emu.config.plan import load_plan
 from emu.run.results import read_runs, record_run
-from emu.sweeps.tune import SPACES, prepare, to_coords, to_params, tune
+from emu.sweeps.tune import prepare, to_coords, to_params, tune
+from schedulers.registry import SCHEDULERS
 from tasks import _sections
 from tests.conftest import invoke
 from tests.factories import experiment, star_topology
@@ -74,16 +75,17 @@ def spec_for(tmp_path: Path, budget: int, scheduler: str = "bytescheduler", **kw
 # ---------------------------------------------------------------------------- the search
 
 def test_search_space_round_trips_and_keeps_credit_at_least_one_partition():
-    assert to_params("bytescheduler", {"partition_numel": 16384, "credit_ratio": 4.0}) == \
+    bs, p3 = SCHEDULERS["bytescheduler"].tuning, SCHEDULERS["p3"].tuning   # the classes' search spaces
+    assert to_params(bs, {"partition_numel": 16384, "credit_ratio": 4.0}) == \
         {"partition_numel": 16384, "credit_numel": 65536}
-    assert to_coords("bytescheduler", {"partition_numel": 16384, "credit_numel": 65536}) == \
+    assert to_coords(bs, {"partition_numel": 16384, "credit_numel": 65536}) == \
         {"partition_numel": 16384, "credit_ratio": 4.0}
-    assert to_coords("bytescheduler", {"partition_numel": 1_000_000, "credit_numel": 500_000}) is None  # ratio < 1
-    assert to_coords("bytescheduler", {"partition_numel": 10, "credit_numel": 40}) is None               # too small
-    assert to_coords("p3", {"slice_numel": 40_000}) == {"slice_numel": 40_000}
-    for d in SPACES["bytescheduler"]:
+    assert to_coords(bs, {"partition_numel": 1_000_000, "credit_numel": 500_000}) is None  # ratio < 1
+    assert to_coords(bs, {"partition_numel": 10, "credit_numel": 40}) is None               # too small
+    assert to_coords(p3, {"slice_numel": 40_000}) == {"slice_numel": 40_000}
+    for d in bs:
         assert d.low < d.high
-    p = to_params("bytescheduler", {"partition_numel": 1000, "credit_ratio": 1.0001})
+    p = to_params(bs, {"partition_numel": 1000, "credit_ratio": 1.0001})
     assert p["credit_numel"] >= p["partition_numel"]
 
 
