@@ -6,13 +6,15 @@ model needs at the best possible schedule; with perfect overlap it is the larger
 
     bound_s = max(compute_s, comm_bound_s),     comm_bound_s = G * 8 / rate of the model,
 
-G = 4 bytes x parameters. The model (`bound_model`) is chosen by the scheduler (MODELS says
-what each one is, and the report quotes it):
+G = 4 bytes x parameters. The model (`bound_model`) is the one the scheduler declares it plays
+in (its class's `bound_model`, contracts/scheduler_info.py, read from the run's row or from the
+registry's descriptions, analysis/catalog.py); this module knows models, never schedulers.
+MODELS says what each one is (the report quotes it) and computes it:
 
-- "ps" (fifo, bytescheduler, p3, mercury): every worker pushes G/S to and pulls G/S from
+- "parameter_server" (the PS family): every worker pushes G/S to and pulls G/S from
   each of the S servers along shortest paths; the busiest link direction decides. The
-  pattern is fixed, so this is its optimum.
-- "ring" (ring, gloo): ring all-reduce, every ring hop carrying 2(N-1)/N * G, in the *best*
+  pattern is fixed, so this is its optimum. Without servers: the cut bound.
+- "ring_allreduce" (ring, gloo): ring all-reduce, every ring hop carrying 2(N-1)/N * G, in the *best*
   order. On a tree (every topology of the testbed is one) a ring must cross each link
   direction that separates workers at least once, and the order of a depth-first walk of
   the tree crosses each exactly once, so that order is optimal for every set of rates (ring's
@@ -20,17 +22,18 @@ what each one is, and the report quotes it):
   rank order and is judged against an order it does not try). The ring in the order the ranks were given
   (gloo's, and ring's `order: given`) is kept beside it as `ring_rank_order_bound_s`; their
   efficiency shows what that order costs.
-- "forest" (forest): the optimal fractional packing of spanning trees of the workers,
+- "tree_packing" (forest): the optimal fractional packing of spanning trees of the workers,
   aggregating at hosts, a tree edge {u, v} carrying its slice both ways over the shortest
   paths u->v and v->u: the LP optimum the forest planner targets. Solved here by an
-  independent formulation (`forest_rate_bps`), not the planner's column generation.
-- "hierarchical" (hierarchical): the workers under one switch form a group whose lowest rank
+  independent formulation (`forest_rate_bps`), not the planner's column generation. Beyond
+  MAX_LP_HOSTS hosts: the cut bound.
+- "hierarchical_allreduce" (hierarchical): the workers under one switch form a group whose lowest rank
   leads it (`worker_groups`, the grouping schedulers/collective/hierarchical.py uses); each member sends
   G to its leader and gets G back, and the leaders run a ring in rank order, each hop carrying
   2(L-1)/L * G for L leaders. All stages are pipelined at once, so a link carries the sum of
   its loads in every stage (a leader's host link: its members' gradients and averages and its
   ring hops) and the busiest link direction decides. The pattern is fixed, so this is its optimum.
-- "cut" (any other scheduler): the cut bound below.
+- "cut" (a scheduler that declares it, or none): the cut bound below.
 
 `cut_bound_s` is model-free, for every run with 2 or more workers: for every split of the
 workers into two sides, each side needs G bytes of the other's contributions, so G must
@@ -62,6 +65,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -69,28 +74,10 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
+from analysis import catalog
 from analysis.capacity import route, run_capacity, time_dilation
 from contracts.role_spec import RoleSpec
 
-PS_FAMILY = {"fifo", "bytescheduler", "p3", "mercury"}
-RING_FAMILY = {"ring", "gloo"}
-FOREST_FAMILY = {"forest"}
-HIERARCHICAL_FAMILY = {"hierarchical"}
-
-MODELS = {
-    "ps": "parameter server: each worker pushes and pulls G/S to and from each of the S servers along "
-          "shortest paths; the busiest link direction's bytes over its rate",
-    "ring": "ring all-reduce in the best order (a depth-first walk of the topology tree, optimal on a tree): "
-            "every ring hop carries 2(N-1)/N x G; the busiest link direction's bytes over its rate",
-    "forest": "the optimal forest: the largest rate at which fractional spanning trees of the workers "
-              "(aggregation at hosts, each tree edge carrying its slice both ways over shortest paths) fit "
-              "the links, an LP solved independently of the planner; G over that rate",
-    "hierarchical": "hierarchical all-reduce: each worker sends G to its group's leader (the lowest rank "
-                    "under its switch) and gets G back, and the leaders run a ring in rank order (2(L-1)/L x G per "
-                    "hop); all stages pipelined, the busiest link direction's summed bytes over its rate",
-    "cut": "G must cross the maximum flow between the two sides of every split of the workers, each way, "
-           "whatever the scheme (the cut bound)",
-}
 MAX_LP_HOSTS = 32  # the forest LP's size grows as N^3; beyond this a forest run is judged by the cut bound
 COLUMNS = ["comm_bound_s", "cut_bound_s", "bound_s", "efficiency", "bound_model", "bound_capacity",
            "efficiency_basis", "bound_configured_s", "cut_efficiency", "ring_rank_order_bound_s",
@@ -295,32 +282,61 @@ def forest_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> floa
     return 0.0 if math.isinf(rate) else grad_bytes * 8 / rate
 
 
+# ---------------------------------------------------------------------------- the models
+Bound = Callable[[nx.DiGraph, list[str], list[str], float], float]  # (g, workers, servers, G bytes) -> s
+
+
+@dataclass(frozen=True)
+class Model:
+    """A bound model: what it is (the report quotes it), its optimum's communication time, and
+    where it applies (elsewhere a run is judged by the cut bound)."""
+
+    description: str
+    bound: Bound
+    applies: Callable[[list[str], list[str]], bool] = lambda workers, servers: True
+
+
+CUT = "cut"
+MODELS: dict[str, Model] = {  # every name of contracts.scheduler_info.BoundModel
+    "parameter_server": Model(
+        "parameter server: each worker pushes and pulls G/S to and from each of the S servers along "
+        "shortest paths; the busiest link direction's bytes over its rate",
+        ps_bound_s, lambda workers, servers: bool(servers)),
+    "ring_allreduce": Model(
+        "ring all-reduce in the best order (a depth-first walk of the topology tree, optimal on a tree): "
+        "every ring hop carries 2(N-1)/N x G; the busiest link direction's bytes over its rate",
+        lambda g, workers, servers, grad: best_ring_bound_s(g, workers, grad)),
+    "tree_packing": Model(
+        "the optimal forest: the largest rate at which fractional spanning trees of the workers "
+        "(aggregation at hosts, each tree edge carrying its slice both ways over shortest paths) fit "
+        "the links, an LP solved independently of the planner; G over that rate",
+        lambda g, workers, servers, grad: forest_bound_s(g, workers, grad),
+        lambda workers, servers: len(set(workers)) <= MAX_LP_HOSTS),
+    "hierarchical_allreduce": Model(
+        "hierarchical all-reduce: each worker sends G to its group's leader (the lowest rank "
+        "under its switch) and gets G back, and the leaders run a ring in rank order (2(L-1)/L x G per "
+        "hop); all stages pipelined, the busiest link direction's summed bytes over its rate",
+        lambda g, workers, servers, grad: hierarchical_bound_s(g, workers, grad)),
+    CUT: Model(
+        "G must cross the maximum flow between the two sides of every split of the workers, each way, "
+        "whatever the scheme (the cut bound)",
+        lambda g, workers, servers, grad: cut_bound_s(g, workers, grad)),
+}
+
+
 # ---------------------------------------------------------------------------- per run
-def bound_model(scheduler: str, workers: list[str], servers: list[str]) -> str:
-    """The model a scheduler plays in; "cut" for an unknown one, and for forest beyond
-    MAX_LP_HOSTS hosts (the report then names the cut bound as its bound)."""
-    if scheduler in PS_FAMILY and servers:
-        return "ps"
-    if scheduler in RING_FAMILY:
-        return "ring"
-    if scheduler in FOREST_FAMILY and len(set(workers)) <= MAX_LP_HOSTS:
-        return "forest"
-    if scheduler in HIERARCHICAL_FAMILY:
-        return "hierarchical"
-    return "cut"
+def bound_model(declared: str | None, workers: list[str], servers: list[str]) -> str:
+    """The model a run is judged in: the one its scheduler declares where it applies; "cut"
+    for a scheduler that declares none (or one unknown here), for a parameter server without
+    servers, and for tree packing beyond MAX_LP_HOSTS hosts (the report then names the cut
+    bound as its bound)."""
+    model = MODELS.get(declared) if declared is not None else None
+    return declared if model is not None and model.applies(workers, servers) else CUT
 
 
 def model_bound_s(model: str, g: nx.DiGraph, workers: list[str], servers: list[str], grad_bytes: float) -> float:
     """Communication time of one iteration at the model's optimum on capacity graph g."""
-    if model == "ps":
-        return ps_bound_s(g, workers, servers, grad_bytes)
-    if model == "ring":
-        return best_ring_bound_s(g, workers, grad_bytes)
-    if model == "forest":
-        return forest_bound_s(g, workers, grad_bytes)
-    if model == "hierarchical":
-        return hierarchical_bound_s(g, workers, grad_bytes)
-    return cut_bound_s(g, workers, grad_bytes)
+    return MODELS[model].bound(g, workers, servers, grad_bytes)
 
 
 def payload_graph(g: nx.DiGraph) -> nx.DiGraph:
@@ -336,13 +352,13 @@ def run_bounds(run, run_dir: Path) -> dict:
     line_g = _graph(str(run_dir))
     workers, servers = json.loads(run["roles.workers"]), json.loads(run["roles.servers"])
     grad = float(run["num_params"]) * 4
-    model = bound_model(run.get("scheduler_name", run["scheduler"]), workers, servers)  # a labelled variant: its own
+    declared = catalog.of_run(run)  # a labelled variant: its scheduler's
+    model = bound_model(None if declared is None else declared.bound_model, workers, servers)
     cap = run_capacity(line_g, run, run_dir)
-    line = cut_bound_s(cap.graph, workers, grad) if model == "cut" else \
-        model_bound_s(model, cap.graph, workers, servers, grad)
+    line = model_bound_s(model, cap.graph, workers, servers, grad)
     g, avail = payload_graph(line_g), payload_graph(cap.graph)
     cut = cut_bound_s(avail, workers, grad)
-    comm = cut if model == "cut" else model_bound_s(model, avail, workers, servers, grad)
+    comm = cut if model == CUT else model_bound_s(model, avail, workers, servers, grad)
     configured = comm if cap.graph is line_g else model_bound_s(model, g, workers, servers, grad)
     compute = float(run["compute_median_s"])
     mean = cap.varies and pd.notna(run.get("iter_time_mean_s"))

@@ -5,6 +5,10 @@ time-varying, heterogeneous bandwidth) and only where the claimed scheduler and 
 ran on the same configuration; otherwise it is reported as not testable, with the reason.
 The papers' settings (8 nodes at 10 GbE, five models) are not what an emulated 2-core run
 reproduces, so every verdict also states both settings: agreement is indicative only.
+
+Which schedulers a claim is about is theirs to declare (`claims` of their class, read through
+analysis/catalog.py): the one whose speedup is claimed, and the baselines it is claimed over,
+in display order. A claim here is what the paper says: its id, statement, range and condition.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from analysis import catalog
 from analysis.speedup import speedups
 
 CONDITIONS = {
@@ -23,15 +28,24 @@ CONDITIONS = {
 
 @dataclass(frozen=True)
 class Claim:
+    id: str                      # what schedulers name in their `claims`
     paper: str
     statement: str               # as the paper reports it
-    scheduler: str               # whose speedup
-    baselines: tuple[str, ...]   # over which of our schedulers
     low: float | None            # the reported range as speedup factors; low None: "up to high"
     high: float
     condition: str               # a key of CONDITIONS
     paper_setting: str
     note: str = ""
+
+    @property
+    def schedulers(self) -> list[str]:
+        """Whose speedup is claimed (in display order)."""
+        return catalog.in_claim(self.id, "claimed")
+
+    @property
+    def baselines(self) -> list[str]:
+        """Over which of our schedulers (in display order)."""
+        return catalog.in_claim(self.id, "baseline")
 
 
 MERCURY = "Mercury (IEEE TPDS 2023)"
@@ -39,16 +53,17 @@ FOREST = "Topology-adaptive forests (INFOCOM 2021)"
 MERCURY_SETTING = "8 nodes, 10 GbE, five models"
 
 CLAIMS = [
-    Claim(MERCURY, "1.18–2.18x over plain PS", "mercury", ("fifo",), 1.18, 2.18, "static", MERCURY_SETTING),
-    Claim(MERCURY, "1.08–2.04x over tensor partitioning", "mercury", ("bytescheduler", "p3"), 1.08, 2.04,
-          "static", MERCURY_SETTING),
-    Claim(MERCURY, "up to +130% over a parameter server under shared or time-varying bandwidth", "mercury",
-          ("fifo",), None, 2.30, "dynamic", MERCURY_SETTING),
-    Claim(MERCURY, "up to +104% over tensor partitioning under shared or time-varying bandwidth", "mercury",
-          ("bytescheduler", "p3"), None, 2.04, "dynamic", MERCURY_SETTING),
-    Claim(FOREST, "up to 18.3x over prior schemes on heterogeneous bandwidth", "forest",
-          ("fifo", "bytescheduler", "p3", "ring", "gloo"), None, 18.3, "heterogeneous",
-          "heterogeneous-bandwidth clusters (see the paper)"),
+    Claim("mercury-over-ps", MERCURY, "1.18–2.18x over plain PS", 1.18, 2.18, "static", MERCURY_SETTING),
+    Claim("mercury-over-partitioning", MERCURY, "1.08–2.04x over tensor partitioning", 1.08, 2.04, "static",
+          MERCURY_SETTING),
+    Claim("mercury-over-ps-dynamic", MERCURY,
+          "up to +130% over a parameter server under shared or time-varying bandwidth", None, 2.30, "dynamic",
+          MERCURY_SETTING),
+    Claim("mercury-over-partitioning-dynamic", MERCURY,
+          "up to +104% over tensor partitioning under shared or time-varying bandwidth", None, 2.04, "dynamic",
+          MERCURY_SETTING),
+    Claim("forest-heterogeneous", FOREST, "up to 18.3x over prior schemes on heterogeneous bandwidth", None, 18.3,
+          "heterogeneous", "heterogeneous-bandwidth clusters (see the paper)"),
 ]
 
 
@@ -108,41 +123,51 @@ def evaluate(runs: pd.DataFrame, iters: pd.DataFrame, facts: pd.DataFrame, claim
     variants: dict[str, list[str]] = {}
     for v, n in dict(zip(runs["scheduler"], names)).items():
         variants.setdefault(n, []).append(v)
-    present = set(variants)
     rows = []
     for claim in claims:
         base = {"paper": claim.paper, "claim": claim.statement, "paper_setting": claim.paper_setting,
                 "condition": CONDITIONS[claim.condition], "note": claim.note}
-        matching = _matching(facts, claim.condition)
-        if claim.scheduler not in present:
+        if not claim.schedulers:
             rows.append({**base, "baseline": "", "testable": False,
-                         "measured": f"not testable: this sweep has no run of `{claim.scheduler}`"})
-            continue
-        baselines = [b for b in claim.baselines if b in present]
-        if not baselines:
-            rows.append({**base, "baseline": "", "testable": False,
-                         "measured": "not testable: none of " + ", ".join(f"`{b}`" for b in claim.baselines)
-                                     + " ran in this sweep"})
-            continue
-        if not matching:
-            rows.append({**base, "baseline": "", "testable": False,
-                         "measured": f"not testable: no configuration has {CONDITIONS[claim.condition]}"})
-            continue
-        sub = runs[runs["config_id"].isin(matching)]
-        for b in [v for name in baselines for v in variants[name]]:
-            table = speedups(sub, iters, baseline=b, **kw)
-            table = table[table["scheduler"].isin(variants[claim.scheduler])]
-            if table.empty:
-                rows.append({**base, "baseline": b, "testable": False,
-                             "measured": f"not testable: `{claim.scheduler}` and `{b}` never ran on the same "
-                                         f"configuration with {CONDITIONS[claim.condition]}"})
-                continue
-            lo, hi = table.loc[table["speedup"].idxmin()], table.loc[table["speedup"].idxmax()]
-            measured = _fmt(hi) if len(table) == 1 else f"{_fmt(lo)} to {_fmt(hi)} ({len(table)} configurations)"
-            rows.append({**base, "baseline": b, "testable": True, "measured": measured,
-                         "verdict": _verdict(claim, table),
-                         "our_setting": _setting(facts[facts["config_id"].isin(set(table["config_id"]))]),
-                         "unit": ", ".join(sorted(table["unit"].unique()))})
+                         "measured": "not testable: no scheduler declares this claim"})
+        for scheduler in claim.schedulers:
+            rows += _rows(claim, scheduler, base, runs, iters, facts, variants, kw)
     cols = ["paper", "claim", "baseline", "testable", "measured", "verdict", "condition", "paper_setting",
             "our_setting", "unit", "note"]
     return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def _rows(claim: Claim, scheduler: str, base: dict, runs: pd.DataFrame, iters: pd.DataFrame, facts: pd.DataFrame,
+          variants: dict[str, list[str]], kw: dict) -> list[dict]:
+    """`evaluate`'s rows of one claim about one scheduler: one per baseline variant tested, or
+    one saying why none could be."""
+    present = set(variants)
+    if scheduler not in present:
+        return [{**base, "baseline": "", "testable": False,
+                 "measured": f"not testable: this sweep has no run of `{scheduler}`"}]
+    baselines = [b for b in claim.baselines if b in present]
+    if not baselines:
+        return [{**base, "baseline": "", "testable": False,
+                 "measured": "not testable: none of " + ", ".join(f"`{b}`" for b in claim.baselines)
+                             + " ran in this sweep"}]
+    matching = _matching(facts, claim.condition)
+    if not matching:
+        return [{**base, "baseline": "", "testable": False,
+                 "measured": f"not testable: no configuration has {CONDITIONS[claim.condition]}"}]
+    sub = runs[runs["config_id"].isin(matching)]
+    rows = []
+    for b in [v for name in baselines for v in variants[name]]:
+        table = speedups(sub, iters, baseline=b, **kw)
+        table = table[table["scheduler"].isin(variants[scheduler])]
+        if table.empty:
+            rows.append({**base, "baseline": b, "testable": False,
+                         "measured": f"not testable: `{scheduler}` and `{b}` never ran on the same "
+                                     f"configuration with {CONDITIONS[claim.condition]}"})
+            continue
+        lo, hi = table.loc[table["speedup"].idxmin()], table.loc[table["speedup"].idxmax()]
+        measured = _fmt(hi) if len(table) == 1 else f"{_fmt(lo)} to {_fmt(hi)} ({len(table)} configurations)"
+        rows.append({**base, "baseline": b, "testable": True, "measured": measured,
+                     "verdict": _verdict(claim, table),
+                     "our_setting": _setting(facts[facts["config_id"].isin(set(table["config_id"]))]),
+                     "unit": ", ".join(sorted(table["unit"].unique()))})
+    return rows

@@ -12,6 +12,10 @@ each bound being the optimum of the model the scheduler plays in on the bandwidt
 (`analysis/bounds.py`; ring and gloo in the order their ranks were given use
 `ring_rank_order_bound_s`), iterations the runs' median (mean where the bandwidth varied).
 `agreement` = measured / predicted: 1 when both run at the same fraction of their optimum.
+
+The report section of forest and of the baselines it names by their deployment (ring and gloo:
+their `report_sections`, contracts/scheduler_info.py), so the one module of analysis that names
+them; every other baseline is named by its family (a parameter server: where its servers ran).
 """
 from __future__ import annotations
 
@@ -23,6 +27,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from analysis import catalog
+
+SECTION = "forest_compare"  # the report section this module is (schedulers declare it)
 PAPER_BEST = 18.3   # the forest paper's largest speed-up over prior synchronization schemes
 TARGET_AGREEMENT = 0.9
 _NOT_NETWORK = ("scheduler", "schedulers", "seed", "roles", "name")
@@ -35,7 +42,8 @@ def variant(run: pd.Series) -> str:
         return f"forest ({_text(run.get('schedulers.forest.bandwidth'), 'measured')} bandwidth)"
     if sched == "ring":
         return f"ring (order {_text(run.get('schedulers.ring.order'), 'given')})"
-    if sched in ("fifo", "bytescheduler", "p3", "mercury"):
+    info = catalog.of_run(run)
+    if info is not None and info.family == "parameter_server":
         servers = run.get("roles.servers")
         servers = ", ".join(json.loads(servers)) if isinstance(servers, str) and servers.startswith("[") else servers
         return f"{sched} (server on {servers})"
@@ -137,13 +145,15 @@ def compare(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
 
 
 def headline(table: pd.DataFrame) -> dict[str, float | str]:
-    """The largest measured forest/ring and forest/best-baseline ratios, and where."""
+    """The largest measured forest/ring all-reduce (over the schedulers that declare that bound
+    model) and forest/best-baseline ratios, and where."""
     out: dict[str, float | str] = {}
-    rings = table[table["baseline"].str.startswith(("ring", "gloo"))]
+    rings = table[table["baseline"].str.startswith(tuple(catalog.with_bound_model("ring_allreduce")))]
     if len(rings):
         top = rings.loc[rings["measured"].idxmax()]
-        out.update(ring=float(top["measured"]), ring_where=f"{top['network']}, over {top['baseline']}",
-                   ring_predicted=float(top["predicted"]))
+        out.update(ring_allreduce=float(top["measured"]),
+                   ring_allreduce_where=f"{top['network']}, over {top['baseline']}",
+                   ring_allreduce_predicted=float(top["predicted"]))
     others = table[~table["baseline"].str.startswith("forest")]
     if len(others):
         best = others.loc[others.groupby("network")["measured"].idxmin()]   # the fastest baseline per network

@@ -23,13 +23,17 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from analysis import catalog  # noqa: E402
 from analysis.speedup import METHOD, iteration_times, load_comparison, speedups  # noqa: E402
 from analysis.tables import NoResults, key_label, load_events, load_iterations, load_links, load_runs, swept_keys  # noqa: E402
 from contracts.iterations import measured  # noqa: E402
 
-# Fixed colours: a scheduler looks the same in every figure of every report; its variants
-# (tables.variant_names) are shades of its colour, so no two schedulers' variants share one.
-SCHEDULER_ORDER = ["fifo", "bytescheduler", "p3", "mercury", "ring", "gloo", "forest"]
+# Fixed colours: a scheduler's declared `display_order` (analysis/catalog.py) indexes PALETTE, so
+# it looks the same in every figure of every report and no two schedulers share a colour; its
+# variants (tables.variant_names) are shades of its colour. seaborn's "deep" with its grey last
+# (the figures draw reference lines in grey), then husl hues for orders beyond its ten.
+_DEEP = sns.color_palette("deep", 10)
+PALETTE = [_DEEP[i] for i in (0, 1, 2, 3, 4, 5, 6, 8, 9, 7)] + sns.husl_palette(14, l=0.55)
 
 
 class Skipped(NoResults):
@@ -37,8 +41,21 @@ class Skipped(NoResults):
 
 
 def _base(name: str) -> str:
-    """The registry name of a variant: `bytescheduler credit 256k` -> bytescheduler."""
-    return name.split(" ", 1)[0]
+    """The scheduler a variant's name starts with (its display name): `bytescheduler credit 256k`
+    -> bytescheduler; the first word where no known scheduler's name starts it."""
+    known = [i.display_name for i in catalog.infos().values()
+             if name == i.display_name or name.startswith(i.display_name + " ")]
+    return max(known, key=len) if known else name.split(" ", 1)[0]
+
+
+def _declared_order(base: str) -> int | None:
+    info = catalog.by_display_name(base)
+    return None if info is None else info.display_order
+
+
+def _unknown_from() -> int:
+    """The first order after every known scheduler's: where schedulers no one declared go."""
+    return max((i.display_order for i in catalog.infos().values()), default=-1) + 1
 
 
 def _natural(text: str) -> tuple:
@@ -54,15 +71,16 @@ def _natural(text: str) -> tuple:
 
 
 def scheduler_order(names) -> list[str]:
-    """Schedulers in the canonical order (baseline first), unknown ones after, by name; a
+    """Schedulers in their declared order (`display_order`), unknown ones after, by name; a
     scheduler's variants (`bytescheduler (tuned)`, `bytescheduler credit 256k`) right after
     its plain name, in the order of their values."""
     names = list(dict.fromkeys(names))
+    unknown = _unknown_from()
 
     def key(s: str):
         base = _base(s)
-        rank = SCHEDULER_ORDER.index(base) if base in SCHEDULER_ORDER else len(SCHEDULER_ORDER)
-        return rank, base, s != base, _natural(s[len(base):])
+        rank = _declared_order(base)
+        return unknown if rank is None else rank, base, s != base, _natural(s[len(base):])
     return sorted(names, key=key)
 
 
@@ -72,15 +90,23 @@ def _shade(rgb, t: float):
     return tuple(float(x) for x in (r * (1 + 0.55 * t) if t < 0 else r + (1 - r) * 0.6 * t))
 
 
+def _colour_index(base: str, among) -> int:
+    """PALETTE's index of a scheduler: its declared order; one no scheduler declared takes the
+    next free index, in name order among those drawn together (`among`)."""
+    rank = _declared_order(base)
+    if rank is not None:
+        return rank
+    unknown = sorted({b for b in map(_base, [*among, base]) if _declared_order(b) is None})
+    return _unknown_from() + unknown.index(base)
+
+
 def _colour(name: str, among=()):
     """A scheduler's fixed colour; a variant of it a shade of that colour. With `among` (the
-    names drawn together) the variants of one scheduler get evenly spread shades, the plain
-    name (or a lone variant) keeping the scheduler's own; without it a shade picked by the name."""
-    deep = sns.color_palette("deep", 10)
+    names drawn together, or all of the figure's runs, so that shades agree across figures)
+    the variants of one scheduler get evenly spread shades, the plain name (or a lone variant)
+    keeping the scheduler's own; without it a shade picked by the name."""
     base = _base(name)
-    i = SCHEDULER_ORDER.index(base) if base in SCHEDULER_ORDER else len(SCHEDULER_ORDER) + zlib.crc32(
-        base.encode()) % 3
-    colour = deep[i % 10]
+    colour = PALETTE[_colour_index(base, among) % len(PALETTE)]
     if name == base:
         return colour
     family = [s for s in scheduler_order(list(among) + [name]) if _base(s) == base]
@@ -193,7 +219,7 @@ def _interval_plot(table: pd.DataFrame, runs: pd.DataFrame, y: str, scale: float
             est, lo, hi = d[y] * scale, d["ci_low"] * scale, d["ci_high"] * scale
             err = np.vstack([(est - lo).clip(lower=0).fillna(0), (hi - est).clip(lower=0).fillna(0)])
             ax.errorbar(_dodge(d["_x"], i, len(scheds), log, span), est, yerr=err, marker="o", ms=5, capsize=4,
-                        lw=1.6, color=_colour(s, scheds), label=s)
+                        lw=1.6, color=_colour(s, runs["scheduler"]), label=s)
         if ref is not None:
             ax.axhline(ref, color="0.35", ls="--", lw=1, label=ref_label)
         if log:
@@ -220,12 +246,14 @@ def _interval_plot(table: pd.DataFrame, runs: pd.DataFrame, y: str, scale: float
     return _save(fig, out, formats)
 
 
-def speedup_plot(sweep_dir: Path, out: Path | None = None, baseline: str = "fifo", run_ids: list[str] | None = None,
-                 formats: tuple[str, ...] = ("png",)) -> Path:
-    """Speedup of each scheduler over `baseline` on the same configuration, with 95% CIs,
-    against the swept key (e.g. bandwidth), one panel per other swept key (e.g. model)."""
+def speedup_plot(sweep_dir: Path, out: Path | None = None, baseline: str | None = None,
+                 run_ids: list[str] | None = None, formats: tuple[str, ...] = ("png",)) -> Path:
+    """Speedup of each scheduler over `baseline` (None: the declared one) on the same
+    configuration, with 95% CIs, against the swept key (e.g. bandwidth), one panel per other
+    swept key (e.g. model)."""
     sweep_dir = Path(sweep_dir)
     runs, iters = load_comparison(sweep_dir, run_ids)
+    baseline = catalog.baseline() if baseline is None else baseline
     table = speedups(runs, iters, baseline=baseline)
     if table.empty:
         raise Skipped(f"{sweep_dir}: no configuration has runs of both {baseline!r} and another scheduler")
@@ -322,7 +350,7 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
         spans["h"] = 0.8 / spans.groupby("key")["chunk"].transform("size")
         ax.barh(spans["key"] - 0.4 + spans["j"] * spans["h"], (spans["recv"] - spans["send"]) * 1e3,
                 left=(spans["send"] - t0) * 1e3, height=spans["h"] * 0.9, align="edge",
-                color=_colour(run["scheduler"], chosen["scheduler"]), edgecolor="none", alpha=0.85)
+                color=_colour(run["scheduler"], runs["scheduler"]), edgecolor="none", alpha=0.85)
         end = (its.loc[it, "end"] - t0) * 1e3
         ax.axvline(0, color="0.3", ls="--", lw=1, label=f"iteration {it + 1}'s forward pass starts")
         ax.axvline(end, color="0.3", ls=":", lw=1.2, label=f"iteration {it} ends (its last aggregate applied)")
@@ -350,14 +378,14 @@ def timeline_plot(sweep_dir: Path, out: Path | None = None, config_id: str | Non
 
 # --------------------------------------------------------------------------- links
 def _pick_link_run(runs: pd.DataFrame) -> pd.Series:
-    """A run whose bandwidth varies (shaping or cross traffic) if any; else the FIFO run (or
-    any) of the most communication-bound configuration."""
+    """A run whose bandwidth varies (shaping or cross traffic) if any; else the baseline's run
+    (or any) of the most communication-bound configuration."""
     dyn = runs[(runs.get("shaping_changes", pd.Series(0, index=runs.index)).fillna(0) > 0)
                | (runs.get("cross_traffic", pd.Series("", index=runs.index)).fillna("").astype(str) != "")]
     pool = dyn if len(dyn) else runs
     slow = pool.sort_values("iter_time_median_s", ascending=False)
-    fifo = slow[slow["scheduler"] == "fifo"]
-    return (fifo if len(fifo) else slow).iloc[0]
+    base = slow[slow["scheduler"] == catalog.declared_baseline()]
+    return (base if len(base) else slow).iloc[0]
 
 
 def link_utilisation_plot(sweep_dir: Path, out: Path | None = None, run_id: str | None = None,
@@ -416,6 +444,7 @@ def efficiency_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str]
     _theme()
     sweep_dir = Path(sweep_dir)
     runs = add_configurations(load_runs(sweep_dir, status="ok", run_ids=run_ids), sweep_dir)
+    everyone = runs["scheduler"]  # shades as in the other figures
     if "bound_model" not in runs or runs["bound_model"].isna().any():
         runs = annotate(runs, sweep_dir)  # in memory; `./inv run` stores them in runs.parquet
     runs = runs[runs["efficiency"].notna()]
@@ -423,6 +452,7 @@ def efficiency_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str]
         raise Skipped("no completed run has a bound")
     runs = runs.assign(_measured=runs["bound_s"] / runs["efficiency"])  # median, or mean where it varied
     scheds = scheduler_order(runs["scheduler"])
+    colours = {s: _colour(s, everyone) for s in scheds}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
     lim = [min(runs["bound_s"].min(), runs["_measured"].min()) * 1e3 * 0.7,
            max(runs["bound_s"].max(), runs["_measured"].max()) * 1e3 * 1.4]
@@ -430,7 +460,7 @@ def efficiency_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str]
     ax1.plot(lim, [2 * v for v in lim], color="0.5", lw=1, ls=":", label="2 x bound")
     for s in scheds:
         d = runs[runs["scheduler"] == s]
-        ax1.scatter(d["bound_s"] * 1e3, d["_measured"] * 1e3, color=_colour(s, scheds), s=28, label=s, alpha=0.85)
+        ax1.scatter(d["bound_s"] * 1e3, d["_measured"] * 1e3, color=colours[s], s=28, label=s, alpha=0.85)
     ax1.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="analytic lower bound (ms)",
             ylabel="measured iteration (ms)", title="Each run against its bound")
     ax1.legend(fontsize=8)
@@ -441,9 +471,9 @@ def efficiency_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str]
     for i, s in enumerate(scheds):
         m = (runs["scheduler"] == s).to_numpy()
         d = runs[m].assign(_x=_dodge(xs[m], i, len(scheds), log, span))
-        ax2.scatter(d["_x"], d["efficiency"], color=_colour(s, scheds), s=22, alpha=0.7)
+        ax2.scatter(d["_x"], d["efficiency"], color=colours[s], s=22, alpha=0.7)
         mean = d.groupby("_x")["efficiency"].mean()
-        ax2.plot(mean.index, mean.values, color=_colour(s, scheds), marker="_", ms=14, lw=1.4, label=s)
+        ax2.plot(mean.index, mean.values, color=colours[s], marker="_", ms=14, lw=1.4, label=s)
     if log:
         ax2.set_xscale("log")
         ax2.minorticks_off()
@@ -479,11 +509,12 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[
                   dodge=True, size=3, alpha=0.7, palette="deep")
     ax1.set(xlabel="scheduler", ylabel="iteration time (ms)", title="Iteration time per worker")
     ax1.set_ylim(bottom=0, top=iters["iteration_ms"].max() * 1.15)
-    if "fifo" in order:
-        base = iters.loc[iters["scheduler"] == "fifo", "iteration_ms"].median()
+    baseline = catalog.declared_baseline()
+    if baseline in order:
+        base = iters.loc[iters["scheduler"] == baseline, "iteration_ms"].median()
         for i, name in enumerate(order):
             m = iters.loc[iters["scheduler"] == name, "iteration_ms"].median()
-            ax1.annotate(f"{base / m:.2f}x vs fifo", (i, iters["iteration_ms"].max() * 1.07), ha="center",
+            ax1.annotate(f"{base / m:.2f}x vs {baseline}", (i, iters["iteration_ms"].max() * 1.07), ha="center",
                          fontsize=9, color="#333")
     ax1.legend(title="worker", fontsize=8, title_fontsize=8, loc="lower right")
 
@@ -521,7 +552,7 @@ def predicted_measured_plot(table: pd.DataFrame, out: Path, formats: tuple[str, 
     hi = max(table["predicted"].max(), table["measured"].max()) * 1.25
     ax.plot([lo, hi], [lo, hi], color="k", lw=1, label="measured = predicted")
     ax.plot([lo, hi], [0.9 * lo, 0.9 * hi], color="0.5", lw=1, ls="--", label="0.9 x predicted")
-    sched = table["baseline"].str.split(" ").str[0]
+    sched = table["baseline"].map(_base)
     for s in scheduler_order(sched):
         d = table[sched == s]
         ax.scatter(d["predicted"], d["measured"], color=_colour(s), s=32, alpha=0.85, label=s)
@@ -545,7 +576,7 @@ def replan_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ..
     _theme()
     sweep_dir = Path(sweep_dir)
     runs = load_runs(sweep_dir, status="ok")
-    runs = runs[runs["scheduler_name"] == "forest"]  # every variant of it (tables.variant_names)
+    runs = runs[runs["scheduler_name"].isin(catalog.with_section(REPLAN))]  # every variant (tables.variant_names)
     plans = {r: _plans(sweep_dir / r) for r in runs["run_id"]}
     if not any(len(p) > 1 for p in plans.values()):
         raise Skipped("no forest run re-planned")
@@ -556,8 +587,8 @@ def replan_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ..
         for _, run in runs[runs["config"] == cfg].iterrows():
             its = load_iterations(sweep_dir, run.to_frame().T, drop_warmup=False)
             per = its.assign(t=its["end"] - its["start"]).groupby("iteration")["t"].mean() * 1e3
-            bw = run.get("schedulers.forest.bandwidth")
-            label = f"forest, {bw if isinstance(bw, str) else 'measured'} bandwidth"
+            bw = run.get(f"schedulers.{run['scheduler_name']}.bandwidth")
+            label = f"{run['scheduler_name']}, {bw if isinstance(bw, str) else 'measured'} bandwidth"
             line, = ax.plot(per.index, per.values, lw=1.2, label=label)
             for rec in plans[run["run_id"]][1:]:
                 ax.axvline(rec["iteration"], color=line.get_color(), ls=":", lw=1)
@@ -567,6 +598,9 @@ def replan_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ..
     return _save(fig, out or sweep_dir / "replan.png", formats)
 
 
+REPLAN = "replan"  # the report section of the schedulers that re-plan (their `report_sections`)
+
+
 def _plans(run_dir: Path) -> list[dict]:
     """The forest's plan records of a run (scheduler_info.json), [] without any."""
     info = run_dir / "scheduler_info.json"
@@ -574,9 +608,6 @@ def _plans(run_dir: Path) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- start-up cost
-_REFERENCE_STYLES = {"fifo": "--", "p3": ":", "mercury": "-."}
-
-
 def _startup_text(us: float) -> str:
     return "no start-up cost" if not us else f"{us / 1e3:g} ms"
 
@@ -612,7 +643,7 @@ def startup_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | 
                 err = np.vstack([(est - lo).clip(lower=0).fillna(0), (hi - est).clip(lower=0).fillna(0)])
                 ax.errorbar(d["partition_numel"], est, yerr=err, marker="o", ms=5, capsize=4, lw=1.6,
                             color=colours[cost])
-            for s, ls in _REFERENCE_STYLES.items():
+            for s, ls in startup.REFERENCE_STYLES.items():
                 ref = sub[(sub["scheduler"] == s) & (sub["startup_us"] == cost)]
                 if len(ref):
                     ax.axhline(ref["iter_time_s"].iloc[0] * 1e3, color=colours[cost], ls=ls, lw=1.3)
@@ -629,14 +660,15 @@ def startup_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[str] | 
             ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         else:
             ax.set_ylim(0, top * 1.15)
-        ax.set(xlabel="bytescheduler partition size (parameters)", ylabel="iteration time (ms)",
+        ax.set(xlabel=f"{startup.PARTITIONED} partition size (parameters)", ylabel="iteration time (ms)",
                title=sub["config"].iloc[0] if len(configs) > 1 else None)
     from matplotlib.lines import Line2D
     present = set(table["scheduler"])
     cost_handles = [Line2D([], [], color=colours[c], lw=2, label=_startup_text(c)) for c in costs]
-    style_handles = [Line2D([], [], color="0.3", lw=1.6, marker="o", ms=5, label="bytescheduler (per partition)")]
-    style_handles += [Line2D([], [], color="0.3", ls=ls, lw=1.3, label=s) for s, ls in _REFERENCE_STYLES.items()
-                      if s in present]
+    style_handles = [Line2D([], [], color="0.3", lw=1.6, marker="o", ms=5,
+                            label=f"{startup.PARTITIONED} (per partition)")]
+    style_handles += [Line2D([], [], color="0.3", ls=ls, lw=1.3, label=s)
+                      for s, ls in startup.REFERENCE_STYLES.items() if s in present]
     first = axes[-1].legend(handles=cost_handles, title="start-up cost per message", fontsize=8, title_fontsize=8,
                             loc="upper left", bbox_to_anchor=(1.02, 1.0))
     axes[-1].add_artist(first)

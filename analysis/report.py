@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import bounds as bounds_mod
+from analysis import catalog, fidelity, forest_compare, physics, plots, startup
 from analysis import claims as claims_mod
 from analysis import faults as faults_mod
-from analysis import fidelity, forest_compare, physics, plots, startup
 from analysis.speedup import METHOD, MIN_REPEATS, baseline_variant, iteration_times, load_comparison, speedups
 from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
 
@@ -105,10 +105,10 @@ def _bounds(runs: pd.DataFrame) -> list[str]:
            f"carry: {bounds_mod.PAYLOAD_FRACTION:.4f} of their rate (MSS 1448 bytes in a 1514-byte frame; iperf3 "
            "reaches 0.956). The models in this sweep:", ""]
     out += [f"- `{m}` ({', '.join(f'`{s}`' for s in plots.scheduler_order(scheds.unique()))}): "
-            f"{bounds_mod.MODELS.get(m, m)}." for m, scheds in used]
+            f"{bounds_mod.MODELS[m].description if m in bounds_mod.MODELS else m}." for m, scheds in used]
     caps = runs["bound_capacity"].fillna("not computed").value_counts()
     out += ["", "The cut bound (`cut_bound_s`, `cut_efficiency`) is the same for every scheduler and needs no model: "
-            + bounds_mod.MODELS["cut"]
+            + bounds_mod.MODELS[bounds_mod.CUT].description
             + ". Capacity: " + "; ".join(f"{n} run(s) {c}" for c, n in caps.items()) + " (configured: the rates "
             "of the topology; available: what the shaping schedule and the cross traffic left, averaged over the "
             "measured window, and then the mean iteration is compared where the capacity varied inside it).", ""]
@@ -242,8 +242,16 @@ def _claims(runs: pd.DataFrame, iters: pd.DataFrame, facts: pd.DataFrame) -> lis
     return out
 
 
+def _concerned(runs: pd.DataFrame, section: str) -> bool:
+    """A run of the sweep is of a scheduler that declares this report section (analysis/catalog.py)."""
+    names = runs["scheduler_name"] if "scheduler_name" in runs else runs["scheduler"]
+    return bool(set(names) & set(catalog.with_section(section)))
+
+
 def _forest(runs: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
     """Predicted against measured forest/baseline ratios, where the sweep has both."""
+    if not _concerned(runs, forest_compare.SECTION):
+        return []
     table = forest_compare.compare(runs, sweep_dir)
     if table.empty:
         return []
@@ -260,8 +268,8 @@ def _forest(runs: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
                          baseline_ms=table["baseline_ms"].map("{:.0f}".format))
     out += [md_table(shown), ""]
     if "largest" in top:
-        out += [f"- Largest measured forest/ring (or gloo): **{top['ring']:.2f}x** ({top['ring_where']}; "
-                f"predicted {top['ring_predicted']:.2f}x).",
+        out += [f"- Largest measured forest/ring (or gloo): **{top['ring_allreduce']:.2f}x** "
+                f"({top['ring_allreduce_where']}; predicted {top['ring_allreduce_predicted']:.2f}x).",
                 f"- Largest measured forest/best baseline (the fastest baseline at each network): "
                 f"**{top['best']:.2f}x** ({top['best_where']}; predicted {top['best_predicted']:.2f}x).",
                 f"- The paper's {forest_compare.PAPER_BEST}x: the largest ratio over any baseline here is "
@@ -322,7 +330,7 @@ def startup_table(table: pd.DataFrame) -> pd.DataFrame:
 def _startup(runs: pd.DataFrame, iters: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
     """Partitioning's gain against the start-up cost, where the sweep varies both the cost
     and bytescheduler's partition (nothing otherwise)."""
-    if not startup.varies(runs):
+    if not _concerned(runs, startup.SECTION) or not startup.varies(runs):
         return []
     table = startup.summary(runs, iters)
     out = ["## Start-up cost: partitioning against Mercury", "",
@@ -388,8 +396,9 @@ def _faults(runs_all: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]
     return out
 
 
-def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "fifo") -> Path:
-    """Write report.md and its figures into `out_dir` (default: <sweep>/report); returns its path."""
+def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str | None = None) -> Path:
+    """Write report.md and its figures into `out_dir` (default: <sweep>/report); returns its path.
+    `baseline` None: the scheduler declared the baseline (analysis/catalog.py)."""
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir) if out_dir else sweep_dir / "report"
     runs_all = load_runs(sweep_dir)
@@ -406,6 +415,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str = "
         path = out_dir / "report.md"
         path.write_text("\n".join(md) + "\n")
         return path
+    baseline = catalog.baseline() if baseline is None else baseline  # after load_runs: its rows' records count
     runs = physics.ensure(runs, sweep_dir)  # bounds where a row has none, and the physics checks; in memory only
     runs_all = physics.carry(runs_all, runs)  # the verdicts the Fidelity section counts
     facts = config_facts(runs, sweep_dir)

@@ -1,5 +1,6 @@
-"""How much faster each scheduler trains than a baseline (FIFO) on the same configuration,
-with 95% confidence intervals from scipy, and the iteration times behind those ratios.
+"""How much faster each scheduler trains than a baseline on the same configuration (by
+default the scheduler declared the baseline, analysis/catalog.py), with 95% confidence
+intervals from scipy, and the iteration times behind those ratios.
 
 A single median on a shared machine says little, so every estimate carries an interval.
 What it is computed over depends on how many runs there are; the `unit` column says which:
@@ -28,6 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis import catalog
 from analysis.tables import add_configurations, load_iterations, load_runs, swept_keys
 
 MIN_REPEATS = 3
@@ -142,7 +144,7 @@ def baseline_variant(grp: pd.DataFrame, baseline: str) -> str | None:
                      "or pass one of these names as the baseline")
 
 
-def speedups(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str = "fifo", confidence: float = CONFIDENCE,
+def speedups(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str | None = None, confidence: float = CONFIDENCE,
              n_resamples: int = 9999, seed: int = 0) -> pd.DataFrame:
     """One row per (configuration, scheduler variant other than the baseline): speedup =
     baseline's iteration time / the variant's, with its interval (ci_low, ci_high), the number
@@ -150,7 +152,8 @@ def speedups(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str = "fifo", co
     treatments (`tables.variant_names`): a swept tunable gives a row per value. The baseline
     is the configuration's `baseline` variant (`baseline_variant`; its name in `baseline`).
     Configurations without a baseline run get no rows. `runs` needs completed runs only;
-    `iters` their measured (post-warm-up) iterations."""
+    `iters` their measured (post-warm-up) iterations. `baseline` None: the declared one."""
+    baseline = catalog.baseline() if baseline is None else baseline
     if "config_id" not in runs:
         runs = add_configurations(runs)
     points = _point_cols(runs)
@@ -205,6 +208,6 @@ def load_comparison(sweep_dir: Path, run_ids: list[str] | None = None) -> tuple[
     return runs, load_iterations(sweep_dir, runs)
 
 
-def load_speedups(sweep_dir: Path, baseline: str = "fifo", run_ids: list[str] | None = None, **kw) -> pd.DataFrame:
+def load_speedups(sweep_dir: Path, baseline: str | None = None, run_ids: list[str] | None = None, **kw) -> pd.DataFrame:
     runs, iters = load_comparison(sweep_dir, run_ids)
     return speedups(runs, iters, baseline=baseline, **kw)

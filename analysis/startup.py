@@ -24,8 +24,13 @@ import pandas as pd
 from analysis.speedup import CONFIDENCE, iteration_times, speedups
 from analysis.tables import add_configurations
 
-PARTITIONED = "bytescheduler"
-REFERENCES = ("fifo", "p3", "mercury")  # drawn as one level per start-up cost
+# The report section of the schedulers it names (their `report_sections`, contracts/scheduler_info.py),
+# so the one module of analysis that names them.
+SECTION = "startup"
+PARTITIONED = "bytescheduler"  # whose partition is swept
+STREAMED = "mercury"  # pays the cost once per tensor: compared with the best partition
+REFERENCES = ("fifo", "p3", STREAMED)  # drawn as one level per start-up cost
+REFERENCE_STYLES = dict(zip(REFERENCES, ("--", ":", "-.")))  # their line styles in plots.startup_plot
 
 
 def annotate(runs: pd.DataFrame) -> pd.DataFrame:
@@ -93,7 +98,7 @@ def summary(runs: pd.DataFrame, iters: pd.DataFrame, confidence: float = CONFIDE
             row.update(best_partition=best["partition_numel"], bytescheduler_best_s=best["iter_time_s"],
                        largest_partition=largest["partition_numel"], bytescheduler_largest_s=largest["iter_time_s"],
                        partitioning_gain=largest["iter_time_s"] / best["iter_time_s"])
-            if len(level["mercury"]) == 1:
+            if len(level[STREAMED]) == 1:
                 row.update(_over(r, iters, cid, cost, best["partition_numel"], confidence, n_resamples, seed))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -105,7 +110,7 @@ def _over(r: pd.DataFrame, iters: pd.DataFrame, cid: str, cost: float, part: flo
     configuration `cid`, with its interval (`analysis.speedup.speedups`)."""
     here = r[(r["config_id"] == cid) & (r["startup_us"] == cost)]
     bs = (here["scheduler_name"] == PARTITIONED) & (here["partition_numel"] == part)
-    pair = here[bs | (here["scheduler_name"] == "mercury")]
-    pair = pair.assign(scheduler=np.where(bs[pair.index], "best", "mercury"))
+    pair = here[bs | (here["scheduler_name"] == STREAMED)]
+    pair = pair.assign(scheduler=np.where(bs[pair.index], "best", STREAMED))
     s = speedups(pair, iters, baseline="best", confidence=confidence, n_resamples=n_resamples, seed=seed).iloc[0]
     return {"mercury_over_best": s["speedup"], "ci_low": s["ci_low"], "ci_high": s["ci_high"], "unit": s["unit"]}

@@ -18,7 +18,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from analysis import catalog
 from contracts.iterations import measured
+from contracts.scheduler_info import LEGACY_BOUND_MODELS
 
 
 class NoResults(LookupError):
@@ -169,7 +171,8 @@ def variant_names(runs: pd.DataFrame, sweep_dir: Path | None = None) -> pd.DataF
 
     Within a configuration every distinct resolved config of a scheduler, seed and repeat
     index aside, is a treatment of its own (a swept tunable or `roles.servers` included), and
-    only runs of one treatment are pooled. Its name is the scheduler, its `label` if the config
+    only runs of one treatment are pooled. Its name is the scheduler's display name
+    (analysis/catalog.py; the registry name where unknown), its `label` if the config
     sets one (`bytescheduler (tuned)`), then what tells it apart from the scheduler's other
     treatments of the same label on some configuration (`bytescheduler credit 256k`, and the
     default-valued one `bytescheduler credit 64k`); the plain name where there is one. Keys
@@ -209,7 +212,8 @@ def variant_names(runs: pd.DataFrame, sweep_dir: Path | None = None) -> pd.DataF
                             else "no PS")
             else:
                 bits.append(f"{_short(k, name, keys)} {_value_of(k, v) if k in part else 'default'}")
-        text.append(name + (f" ({label})" if label else "") + (" " + ", ".join(bits) if bits else ""))
+        text.append(catalog.display_name(name) + (f" ({label})" if label else "") + (" " + ", ".join(bits) if bits
+                                                                                      else ""))
     runs["scheduler_name"] = list(names)
     runs["scheduler"] = text
     runs["treatment_id"] = [t for _, t, _, _, _ in info]
@@ -243,7 +247,9 @@ def load_runs(sweep_dir: Path, status: str | None = None, run_ids: list[str] | N
                                   else v)
     if run_ids is not None:
         runs = runs[runs["run_id"].isin(run_ids)]
-    runs = variant_names(runs, sweep_dir)
+    if "bound_model" in runs:  # annotated before the bound models had names of their own
+        runs = runs.assign(bound_model=runs["bound_model"].map(lambda m: LEGACY_BOUND_MODELS.get(m, m)))
+    runs = variant_names(catalog.fill(runs), sweep_dir)
     runs["num_workers"] = runs["roles.workers"].map(lambda s: len(json.loads(s)))
     if status is not None:
         runs = runs[runs["status"] == status]

@@ -33,6 +33,7 @@ from emu.config.capacity import capacity_graph
 from emu.config.topospec import RacksTopology
 from schedulers.collective.forest_plan import lp_optimum
 from schedulers.core.linkmodel import LinkModel
+from schedulers.registry import infos
 from tests.factories import MBPS, G, racks_graph, secs, star_capacity, star_graph
 
 
@@ -123,11 +124,11 @@ def test_every_ring_and_forest_bound_is_at_least_the_cut():
 
 
 def test_models_of_the_schedulers():
-    hosts = [f"h{i}" for i in range(4)]
-    assert [bound_model(s, hosts, ["ps"]) for s in ("fifo", "mercury", "ring", "gloo", "forest", "new")] == \
-        ["ps", "ps", "ring", "ring", "forest", "cut"]
-    assert bound_model("forest", [f"h{i}" for i in range(MAX_LP_HOSTS + 1)], []) == "cut"
-    assert bound_model("forest", ["h0"] * (MAX_LP_HOSTS + 1), []) == "forest"  # hosts count, not workers
+    hosts, declared = [f"h{i}" for i in range(4)], {n: i.bound_model for n, i in infos().items()}
+    assert [bound_model(declared.get(s), hosts, ["ps"]) for s in ("fifo", "mercury", "ring", "gloo", "forest", "new")
+            ] == ["parameter_server", "parameter_server", "ring_allreduce", "ring_allreduce", "tree_packing", "cut"]
+    assert bound_model("tree_packing", [f"h{i}" for i in range(MAX_LP_HOSTS + 1)], []) == "cut"
+    assert bound_model("tree_packing", ["h0"] * (MAX_LP_HOSTS + 1), []) == "tree_packing"  # hosts count, not workers
 
 
 def test_forest_edge_cases():

@@ -165,7 +165,7 @@ def test_annotate_judges_each_scheduler_by_its_model_and_the_cut(tmp_path):
     runs = annotate(pd.DataFrame(rows + [{"run_id": "x", "status": "failed"}]), tmp_path).set_index("run_id")
     assert set(COLUMNS) <= set(runs.columns) and runs.loc["x", COLUMNS[:4]].isna().all()
     assert runs.loc[["forest", "ring", "gloo", "fifo", "hierarchical", "unknown"], "bound_model"].tolist() == \
-        ["forest", "ring", "ring", "ps", "hierarchical", "cut"]
+        ["tree_packing", "ring_allreduce", "ring_allreduce", "parameter_server", "hierarchical_allreduce", "cut"]
     forest = runs.loc["forest"]
     assert forest["efficiency"] == pytest.approx(1.0, rel=1e-9)  # at its optimum
     assert forest["efficiency_line_rate"] == pytest.approx(PAYLOAD_FRACTION, rel=1e-9)
@@ -222,7 +222,7 @@ def test_mini_set_keeps_its_bounds_and_gains_the_new_columns():
     stored = load_runs(MINI)
     assert "bound_model" not in stored  # the committed set predates the model bounds
     runs = annotate(stored, MINI)
-    assert set(runs["bound_model"]) == {"ps"} and set(runs["bound_capacity"]) == {"configured"}
+    assert set(runs["bound_model"]) == {"parameter_server"} and set(runs["bound_capacity"]) == {"configured"}
     assert set(runs["efficiency_basis"]) == {"median"}
     # the PS bound is as it was at line rate; on the payload it is 1/PAYLOAD_FRACTION longer
     assert np.allclose(runs["efficiency_line_rate"], stored["efficiency"], rtol=1e-12)
@@ -237,14 +237,14 @@ def test_report_says_which_bound_each_scheduler_uses(tmp_path):
             for s in ("fifo", "ring", "forest")]
     runs = annotate(pd.DataFrame(rows), tmp_path).assign(config="star")
     text = "\n".join(report._bounds(runs))
-    assert "- `ps` (`fifo`): parameter server" in text
-    assert "- `ring` (`ring`): ring all-reduce in the best order" in text
-    assert "- `forest` (`forest`): the optimal forest" in text
+    assert "- `parameter_server` (`fifo`): parameter server" in text
+    assert "- `ring_allreduce` (`ring`): ring all-reduce in the best order" in text
+    assert "- `tree_packing` (`forest`): the optimal forest" in text
     assert "3 run(s) configured" in text
-    assert "| star | forest | forest | configured | 125 | median | 1.00 | 84 | 0.67 | 125 | 0.96 |" in text
+    assert "| star | forest | tree_packing | configured | 125 | median | 1.00 | 84 | 0.67 | 125 | 0.96 |" in text
 
 
 def test_report_of_the_mini_set_has_a_bounds_section():
     runs, _ = load_comparison(MINI)
     text = "\n".join(report._bounds(annotate(runs, MINI)))
-    assert "- `ps` (`fifo`, `bytescheduler`)" in text and "8 run(s) configured" in text
+    assert "- `parameter_server` (`fifo`, `bytescheduler`)" in text and "8 run(s) configured" in text

@@ -21,6 +21,7 @@ from analysis.bounds import (
     worker_groups,
 )
 from schedulers.collective.hierarchical import groups
+from schedulers.registry import infos
 from tests.factories import MBPS, G, racks_graph, secs, star_graph
 
 
@@ -71,8 +72,9 @@ def test_co_located_workers_and_one_worker():
 
 def test_model_of_the_scheduler():
     g, hosts = racks_graph([3, 2], 100, [60, 50])
-    assert bound_model("hierarchical", hosts, []) == "hierarchical" and "hierarchical" in MODELS
-    assert model_bound_s("hierarchical", g, hosts, [], G) == hierarchical_bound_s(g, hosts, G)
+    declared = infos()["hierarchical"].bound_model
+    assert bound_model(declared, hosts, []) == declared == "hierarchical_allreduce" and declared in MODELS
+    assert model_bound_s(declared, g, hosts, [], G) == hierarchical_bound_s(g, hosts, G)
 
 
 def test_never_below_the_cut():

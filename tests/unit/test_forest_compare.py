@@ -44,7 +44,7 @@ def test_ratios_per_network_and_baseline(tmp_path):
 
 def test_headline_takes_the_fastest_baseline_per_network(tmp_path):
     top = forest_compare.headline(forest_compare.compare(_sweep(tmp_path), tmp_path))
-    assert top["ring"] == pytest.approx(5.5) and "gloo" in top["ring_where"]
+    assert top["ring_allreduce"] == pytest.approx(5.5) and "gloo" in top["ring_allreduce_where"]
     assert top["best"] == pytest.approx(4.5) and "ring (order topology)" in top["best_where"]
     assert top["largest"] == pytest.approx(5.5)
 

@@ -18,7 +18,7 @@ from contracts.fidelity import decode
 from tests.conftest import REPO
 
 MINI = REPO / "tests" / "data" / "results" / "mini"
-RUN = "756ac12fa397"  # bytescheduler, median iteration 139.5 ms, ps bound 91.6 ms (efficiency 0.657)
+RUN = "756ac12fa397"  # bytescheduler, median iteration 139.5 ms, parameter_server bound 91.6 ms (efficiency 0.657)
 
 
 @pytest.fixture
@@ -75,9 +75,10 @@ def test_a_run_whose_bound_lies_above_its_measured_iteration_fails_with_the_figu
     run = runs.loc[RUN]
     assert run["efficiency"] == pytest.approx(20 * honest["efficiency"], rel=1e-9)  # 13.1
     measured, bound = run["iter_time_median_s"] * 1e3, run["bound_s"] * 1e3
-    sentence = f"median iteration {measured:.1f} ms is below its ps bound {bound:.1f} ms " \
+    sentence = f"median iteration {measured:.1f} ms is below its parameter_server bound {bound:.1f} ms " \
                f"(efficiency {run['efficiency']:.3g} > 1.05)"
-    assert sentence == "median iteration 139.5 ms is below its ps bound 1831.8 ms (efficiency 13.1 > 1.05)"
+    assert sentence == \
+        "median iteration 139.5 ms is below its parameter_server bound 1831.8 ms (efficiency 13.1 > 1.05)"
     cut = f"median iteration {measured:.1f} ms is below its cut bound {bound:.1f} ms " \
           f"(cut efficiency {run['cut_efficiency']:.3g} > 1.05)"
     assert run["physics_ok"] == False and run["fidelity_ok"] == False  # noqa: E712
@@ -165,7 +166,7 @@ def test_the_report_lists_a_run_that_breaks_physics_instead_of_averaging_it(swee
     md = report.write_report(sweep, sweep / "report").read_text()
     section = md.split("## Runs that break physics")[1].split("\n## ")[0]
     assert f"| {RUN} | bytescheduler |" in section
-    assert "median iteration 139.5 ms is below its ps bound 1831.8 ms (efficiency 13.1 > 1.05)" in section
+    assert "median iteration 139.5 ms is below its parameter_server bound 1831.8 ms (efficiency 13.1 > 1.05)" in section
     summary = md.split("## Summary")[1].split("\n## ")[0]
     config = load_runs(sweep).set_index("run_id")
     partner = "0b7b2e38f429"  # the other bytescheduler run of that configuration

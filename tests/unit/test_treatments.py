@@ -15,6 +15,7 @@ from analysis import plots
 from analysis.report import _setup, summary
 from analysis.speedup import baseline_variant, load_comparison, speedups
 from analysis.tables import add_configurations, config_facts
+from schedulers.registry import infos
 
 KEY = "schedulers.bytescheduler.credit_numel"
 TRUE = {"fifo": 1.0, 65536: 0.8, 262144: 0.6}  # iteration time (s): fifo, bytescheduler per credit
@@ -159,5 +160,4 @@ def test_variants_are_ordered_by_value_and_coloured_apart():
     assert len(set(colours.values())) == len(names)  # each its own
     assert colours["fifo"] == tuple(round(x, 4) for x in plots._colour("fifo"))  # a scheduler keeps its colour
     # without the company, a variant is still a shade of its own scheduler, not another's colour
-    assert plots._colour("bytescheduler credit 64k") not in [plots._colour(s) for s in plots.SCHEDULER_ORDER
-                                                             if s != "bytescheduler"]
+    assert plots._colour("bytescheduler credit 64k") not in [plots._colour(s) for s in infos() if s != "bytescheduler"]
