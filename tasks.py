@@ -18,10 +18,19 @@ RESULTS = REPO / "results"
 
 def _sections():
     from emu.config.experiment import Sections
-    from schedulers.registry import params_models
+    from schedulers.registry import infos, params_models
     from workloads.config import WorkloadConfig
 
-    return Sections(workload=WorkloadConfig, schedulers=params_models())
+    return Sections(workload=WorkloadConfig, schedulers=params_models(), infos=infos())
+
+
+def _hand_over_infos() -> None:
+    """Analysis reads what it knows of a scheduler from the run's row; rows written before runs
+    recorded it get the registry's description (analysis/catalog.py), so old results read the same."""
+    from analysis import catalog
+    from schedulers.registry import infos
+
+    catalog.install(infos())
 
 
 def _need_root(what: str) -> None:
@@ -48,6 +57,7 @@ def _add_bounds(sweep_dir: Path) -> None:
     from analysis.bounds import annotate
     from emu.run.results import update_runs
 
+    _hand_over_infos()
     if (sweep_dir / "runs.parquet").exists():
         update_runs(sweep_dir, lambda runs: annotate(runs, sweep_dir))
 
@@ -142,7 +152,8 @@ def sweep(c, config, set=None, results=str(RESULTS), force=False, shard=None, ra
 
 _TUNE_HELP = {
     "config": "experiment config or sweep file giving the network setting and workload (its iterations)",
-    "scheduler": "the scheduler to tune: bytescheduler (partition_numel, credit_numel) or p3 (slice_numel)",
+    "scheduler": "the scheduler to tune: one whose class declares a search space (bytescheduler: partition_numel, "
+                 "credit_numel; p3: slice_numel)",
     "budget": "number of trials, each one run (trials of an earlier call of the same tune count)",
     "set": "override a config key, e.g. --set workload.iterations=10 (repeatable)",
     "results": "results root (default: results/); the tune goes to <results>/<name>/",
@@ -209,6 +220,7 @@ def analyze(c, sweep, run_id=None):
     from analysis.plots import iteration_time_plot, summary_table
     from analysis.tables import NoResults, load_runs
 
+    _hand_over_infos()
     try:
         png = iteration_time_plot(Path(sweep), run_ids=run_id or None)
         table = summary_table(Path(sweep), run_ids=run_id or None)
@@ -230,13 +242,15 @@ def analyze(c, sweep, run_id=None):
 
 
 @task(help={"sweep": "results directory of a sweep, e.g. results/mini",
-            "baseline": "the scheduler speedups are measured against (default: fifo)",
+            "baseline": "the scheduler speedups are measured against (default: the one its class declares the "
+                        "baseline, fifo)",
             "out": "where to write report.md and its figures (default: <sweep>/report)"})
-def report(c, sweep, baseline="fifo", out=None):
+def report(c, sweep, baseline=None, out=None):
     """Write a sweep's report: figures (PNG and PDF), summary with 95% CIs, fidelity, paper claims."""
     from analysis.report import write_report
     from analysis.tables import NoResults
 
+    _hand_over_infos()
     try:
         path = write_report(Path(sweep), Path(out) if out else None, baseline=baseline)
     except NoResults as e:
