@@ -48,7 +48,8 @@ from schedulers.collective.forest_plan import DEFAULT_EPSILON, ForestPlan, Tree,
 from schedulers.collective.forest_replan import PROBE_FRAME, Replanner
 from schedulers.core.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.core.failure import Failure
-from schedulers.transport.connection import Connection, Kind, Outbox, connect, listen, stream_chunk_numel
+from schedulers.transport.connection import Connection, Kind, Outbox, stream_chunk_numel
+from schedulers.transport.peers import Acceptor, Hello, dial
 
 
 class ForestParams(SchedulerParams):
@@ -212,29 +213,23 @@ class Forest(Scheduler):
         plan fingerprint) and check the other's, so mismatched plans fail at once. Each
         connection is read from as soon as it is up, so an ABORT during start-up ends it."""
         deadline = time.monotonic() + self.ctx.connect_timeout_s
+        me = Hello(self.rank, self.n, self._fingerprint)
         lower = [p for p in self.peers if p < self.rank]
         higher = {p for p in self.peers if p > self.rank}
         stop = threading.Event()
         accept_errors: list[BaseException] = []
         acceptor = None
         if higher:
-            listener = listen("0.0.0.0", self.ctx.workers[self.rank].port)
+            listener = Acceptor("0.0.0.0", self.ctx.workers[self.rank].port, me, self.ctx.connect_timeout_s,
+                                self._peer)
             acceptor = threading.Thread(target=self._accept, daemon=True, name="forest-accept",
                                         args=(listener, higher, deadline, stop, accept_errors))
             acceptor.start()
         try:
             for p in lower:
                 ep = self.ctx.workers[p]
-                conn = connect(ep.ip, ep.port, self._peer(p), max(deadline - time.monotonic(), 0.1))
-                try:
-                    conn.sock.settimeout(max(deadline - time.monotonic(), 0.1))
-                    self._hello(conn)
-                    self._check_hello(conn, conn.recv_header(), p)
-                    conn.sock.settimeout(None)
-                except BaseException:
-                    conn.close()
-                    raise
-                self._attach(p, conn)
+                self._attach(p, dial(ep.ip, ep.port, self._peer(p), max(deadline - time.monotonic(), 0.1), me,
+                                     expect=p, check=self._same_plan))
                 self._failure.check()
             while acceptor is not None and acceptor.is_alive():
                 acceptor.join(0.2)
@@ -250,63 +245,22 @@ class Forest(Scheduler):
             self._failure.check()
             raise
 
-    def _accept(self, listener, expected: set[int], deadline: float, stop: threading.Event,
+    def _accept(self, listener: Acceptor, expected: set[int], deadline: float, stop: threading.Event,
                 errors: list) -> None:
-        accepted: set[int] = set()
+        """The acceptor thread: the higher-ranked peers, each attached as it comes; after a
+        failure, those still missing are answered with the reason for LATE_REFUSAL_S."""
         try:
-            while expected - accepted and not stop.is_set():
-                listener.settimeout(0.2)
-                try:
-                    sock, addr = listener.accept()
-                except TimeoutError:
-                    if time.monotonic() < deadline:
-                        continue
-                    missing = ", ".join(self._peer(p) for p in sorted(expected - accepted))
-                    raise CommError(f"{missing} never connected within {self.ctx.connect_timeout_s:.0f} s") from None
-                sock.settimeout(max(deadline - time.monotonic(), 0.1))
-                conn = Connection(sock, f"worker at {addr[0]}:{addr[1]}")
-                try:
-                    h = conn.recv_header()
-                    if h.kind != Kind.HELLO or h.sender not in expected - accepted:
-                        raise CommError(f"{conn.peer}: expected HELLO from one of workers "
-                                        f"{sorted(expected - accepted)}, got {h.kind.name} from {h.sender}")
-                    conn.peer = self._peer(h.sender)
-                    self._check_hello(conn, h, h.sender)
-                    self._hello(conn)
-                    sock.settimeout(None)
-                except BaseException as e:
-                    conn.abort(str(e), self.rank)   # the connecting side learns why
-                    raise
-                accepted.add(h.sender)
-                self._attach(h.sender, conn)
+            listener.accept(expected, self._same_plan, reply=True, deadline=deadline, stop=stop,
+                            on_accept=self._attach)
         except BaseException as e:  # noqa: BLE001 - handed to start(), which fails loudly
             errors.append(e)
         try:
-            if expected - accepted:
+            if listener.waiting:
                 reason = str(errors[0]) if errors else self._failure.reason
-                self._refuse_late(listener, reason or f"worker {self.rank} failed while starting",
-                                  min(deadline, time.monotonic() + LATE_REFUSAL_S), expected - accepted)
+                listener.turn_away(reason or f"worker {self.rank} failed while starting",
+                                   min(deadline - time.monotonic(), LATE_REFUSAL_S))
         finally:
             listener.close()
-
-    def _refuse_late(self, listener, reason: str, until: float, waiting: set[int]) -> None:
-        """After failing at start-up, answer peers that are still connecting with ABORT and the
-        reason for a moment, rather than closing the port on them: a refused connection only
-        says 'refused', and its worker would wait out its timeout to report that."""
-        waiting = set(waiting)
-        while waiting and time.monotonic() < until:
-            listener.settimeout(max(until - time.monotonic(), 0.01))
-            try:
-                sock, _addr = listener.accept()
-            except (TimeoutError, OSError):
-                return
-            conn = Connection(sock, "a late peer")
-            sock.settimeout(0.5)
-            try:
-                waiting.discard(conn.recv_header().sender)  # its HELLO: read, so closing sends FIN, not RST
-            except (OSError, CommError):
-                pass
-            conn.abort(reason, self.rank)
 
     def _attach(self, p: int, conn: Connection) -> None:
         """A connection that passed HELLO: give it an outbox and a receive thread."""
@@ -323,15 +277,8 @@ class Forest(Scheduler):
             return
         threading.Thread(target=self._receive, args=(p,), daemon=True, name=f"forest-recv-{p}").start()
 
-    def _hello(self, conn: Connection) -> None:
-        conn.send(Kind.HELLO, key=self.n, chunk=self._fingerprint, sender=self.rank)
-
-    def _check_hello(self, conn: Connection, h, rank: int) -> None:
-        if h.kind == Kind.ABORT:
-            raise CommError(conn.recv_text(h.nbytes) or f"{conn.peer} aborted")
-        if h.kind != Kind.HELLO or h.sender != rank or h.key != self.n:
-            raise CommError(f"{conn.peer}: expected HELLO from worker {rank} of {self.n}, "
-                            f"got {h.kind.name} from {h.sender} of {h.key}")
+    def _same_plan(self, conn: Connection, h) -> None:
+        """A peer's HELLO (rank and size checked already) must carry our plan's fingerprint."""
         if h.chunk != self._fingerprint:
             raise CommError(f"{conn.peer} computed a different forest plan (fingerprint {h.chunk:08x}, "
                             f"ours {self._fingerprint:08x}): same code, parameters and capacity graph "

@@ -32,7 +32,6 @@ naming the peer that died.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,7 +41,8 @@ from pydantic import Field
 from schedulers.collective.buckets import BucketCollective, BucketParams, BucketState, plan_buckets
 from schedulers.collective.ring import Chunk, ring_chunks
 from schedulers.core.base import CommError, RoleContext, TensorSpec
-from schedulers.transport.connection import Connection, Kind, Outbox, abort_all, connect, listen, stream_chunk_numel
+from schedulers.transport.connection import Connection, Kind, Outbox, abort_all, stream_chunk_numel
+from schedulers.transport.peers import Acceptor, Hello, dial
 
 
 class HierarchicalParams(BucketParams):
@@ -135,14 +135,10 @@ class Hierarchical(BucketCollective):
     def _connect(self) -> None:
         """Member: connect to the leader. Leader: listen, connect to the next leader, accept
         the members and the previous leader; HELLO names each. A failure here is passed on to
-        whoever is connected already, so that they too name the worker that is missing."""
+        whoever is connected already (or waits in the leader's backlog), so that they too
+        name the worker that is missing."""
         try:
-            if self.is_leader:
-                conns = self._leader_handshake()
-            else:
-                leader = self.ctx.workers[self.leader]
-                conns = {self.leader: self._hello(connect(leader.ip, leader.port, self._peer(self.leader),
-                                                          self.ctx.connect_timeout_s))}
+            conns = self._leader_handshake() if self.is_leader else {self.leader: self._dial(self.leader)}
         except CommError as e:
             for conn in self._conns:
                 conn.abort(str(e), self.rank)
@@ -164,59 +160,21 @@ class Hierarchical(BucketCollective):
             threading.Thread(target=self._serve, args=(conn, handle), daemon=True, name="hier-recv").start()
         self._connected = True
 
-    def _hello(self, conn: Connection) -> Connection:
+    def _dial(self, rank: int) -> Connection:
+        ep = self.ctx.workers[rank]
+        conn = dial(ep.ip, ep.port, self._peer(rank), self.ctx.connect_timeout_s, Hello(self.rank, self.n))
         self._conns.append(conn)
-        conn.send(Kind.HELLO, key=self.n, sender=self.rank)
         return conn
 
     def _leader_handshake(self) -> dict[int, Connection]:
-        me = self.ctx.workers[self.rank]
-        listener = listen("0.0.0.0", me.port)
-        try:
+        """Members wait in the backlog while the leader connects to the next leader."""
+        with Acceptor("0.0.0.0", self.ctx.workers[self.rank].port, Hello(self.rank, self.n),
+                      self.ctx.connect_timeout_s, self._peer) as acceptor:
             if self.L > 1:
-                right = self.ctx.workers[self.right_rank]
-                self._right_conn = self._hello(connect(right.ip, right.port, self._peer(self.right_rank),
-                                                       self.ctx.connect_timeout_s))
-            return self._accept(listener, set(self.members) | ({self.left_rank} if self.L > 1 else set()))
-        except CommError as e:
-            self._turn_away(listener, str(e))
-            raise
-        finally:
-            listener.close()
-
-    def _turn_away(self, listener, reason: str) -> None:
-        """Tell peers that connected but were not accepted yet (members wait in the backlog
-        while the leader connects to the next leader) why, rather than reset them."""
-        listener.settimeout(0)
-        while True:
-            try:
-                sock, addr = listener.accept()
-            except OSError:
-                return
-            Connection(sock, f"{addr[0]}:{addr[1]}").abort(reason, self.rank)
-
-    def _accept(self, listener, expected: set[int]) -> dict[int, Connection]:
-        """Accept until every worker in `expected` has said HELLO, within the connect timeout."""
-        got: dict[int, Connection] = {}
-        deadline = time.monotonic() + self.ctx.connect_timeout_s
-        while len(got) < len(expected):
-            listener.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                sock, addr = listener.accept()
-            except TimeoutError:
-                raise CommError(f"{self._peer(min(expected - got.keys()))} never connected within "
-                                f"{self.ctx.connect_timeout_s:.0f} s") from None
-            sock.settimeout(self.ctx.connect_timeout_s)
-            conn = Connection(sock, f"{addr[0]}:{addr[1]}")
-            self._conns.append(conn)
-            h = conn.recv_header()
-            if h.kind != Kind.HELLO or h.sender not in expected - got.keys() or h.key != self.n:
-                raise CommError(f"{conn.peer}: expected HELLO from one of workers {sorted(expected - got.keys())} "
-                                f"of {self.n}, got {h.kind.name} from {h.sender} of {h.key}")
-            conn.peer = self._peer(h.sender)
-            sock.settimeout(None)
-            got[h.sender] = conn
-        return got
+                self._right_conn = self._dial(self.right_rank)
+            conns = acceptor.accept(set(self.members) | ({self.left_rank} if self.L > 1 else set()))
+        self._conns += conns.values()
+        return conns
 
     # ------------------------------------------------------------------ BucketCollective hooks
     def _ready_at_launch(self, rb: HierBucket, it: int) -> list[tuple[int, list]]:

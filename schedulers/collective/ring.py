@@ -44,10 +44,9 @@ from schedulers.transport.connection import (  # noqa: F401 - MIN_CHUNK_NUMEL: p
     Connection,
     Kind,
     Outbox,
-    connect,
-    listen,
     stream_chunk_numel,
 )
+from schedulers.transport.peers import Acceptor, Hello, dial
 
 
 class RingParams(BucketParams):
@@ -142,8 +141,8 @@ class Ring(BucketCollective):
 
     def _connect(self) -> None:
         """Listen, connect to the right neighbour, accept the left one; HELLO names each.
-        A failure here is passed on to whichever neighbour is connected already, so that it
-        too names the worker that is missing."""
+        A failure here is passed on to whichever neighbour is connected already (or waits
+        in our backlog), so that it too names the worker that is missing."""
         self.right = self.left = None
         try:
             self._handshake()
@@ -160,27 +159,12 @@ class Ring(BucketCollective):
         self._connected = True
 
     def _handshake(self) -> None:
-        me = self.ctx.workers[self.rank]
-        listener = listen("0.0.0.0", me.port)
-        try:
-            listener.settimeout(self.ctx.connect_timeout_s)
+        me = Hello(self.rank, self.n)
+        with Acceptor("0.0.0.0", self.ctx.workers[self.rank].port, me, self.ctx.connect_timeout_s,
+                      self._peer) as acceptor:
             right = self.ctx.workers[self.right_rank]
-            self.right = connect(right.ip, right.port, self._peer(self.right_rank), self.ctx.connect_timeout_s)
-            self.right.send(Kind.HELLO, key=self.n, sender=self.rank)
-            try:
-                sock, addr = listener.accept()
-            except TimeoutError:
-                raise CommError(f"{self._peer(self.left_rank)} never connected within "
-                                f"{self.ctx.connect_timeout_s:.0f} s") from None
-        finally:
-            listener.close()
-        sock.settimeout(self.ctx.connect_timeout_s)
-        self.left = Connection(sock, self._peer(self.left_rank))
-        h = self.left.recv_header()
-        if h.kind != Kind.HELLO or h.sender != self.left_rank or h.key != self.n:
-            raise CommError(f"{addr[0]}:{addr[1]}: expected HELLO from worker {self.left_rank} of {self.n}, "
-                            f"got {h.kind.name} from {h.sender} of {h.key}")
-        sock.settimeout(None)
+            self.right = dial(right.ip, right.port, self._peer(self.right_rank), self.ctx.connect_timeout_s, me)
+            self.left = acceptor.accept({self.left_rank})[self.left_rank]
 
     def info(self) -> dict:
         return {"bucket_numel": [rb.spec.numel for rb in self.buckets],

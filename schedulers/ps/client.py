@@ -55,8 +55,8 @@ from schedulers.transport.connection import (
     Mode,
     Outbox,
     abort_all,
-    connect,
 )
+from schedulers.transport.peers import Hello, dial
 from schedulers.transport.txstamps import TxStamps, merge
 
 
@@ -145,11 +145,10 @@ class PSBase(Scheduler):
         hooked = self.ctx.trace or self.params.startup_us > 0
         try:
             for i, ep in enumerate(self.ctx.servers):
-                conn = connect(ep.ip, ep.port, f"server {i} ({ep.host} {ep.ip}:{ep.port})",
-                               self.ctx.connect_timeout_s)
+                conn = dial(ep.ip, ep.port, f"server {i} ({ep.host} {ep.ip}:{ep.port})", self.ctx.connect_timeout_s,
+                            Hello(self.ctx.rank, self.ctx.num_workers, self.server_mode))
                 conn.queue_s = PRIORITY_QUEUE_S
                 self.conns.append(conn)
-                conn.send(Kind.HELLO, key=self.ctx.num_workers, chunk=self.server_mode, sender=self.ctx.rank)
                 on_send = functools.partial(self._sending, i) if hooked else None
                 # Transmit stamps always (the host's queue bound); a row per frame when traced.
                 stamps = TxStamps.enable(conn.sock, peer=i, record=self.ctx.trace)

@@ -65,8 +65,8 @@ from schedulers.transport.connection import (
     Mode,
     Outbox,
     abort_all,
-    listen,
 )
+from schedulers.transport.peers import Acceptor, Hello
 from schedulers.transport.txstamps import TxStamps, merge, save
 
 MAX_FRAME_BYTES = 1 << 31  # a bigger push is a protocol error, not an allocation
@@ -111,8 +111,7 @@ class ParameterServer:
         self.rank = rank
         self.num_workers = num_workers
         self.mode = mode
-        self.sock = listen(listen_ip, port)
-        self.sock.settimeout(accept_timeout_s)
+        self.acceptor = Acceptor(listen_ip, port, Hello(rank, num_workers), accept_timeout_s)
         self.accept_timeout_s = accept_timeout_s
         self.slots: dict[tuple[int, int, int], Slot] = {}
         self.lock = threading.Lock()   # the slot table; held while summing
@@ -135,7 +134,7 @@ class ParameterServer:
 
     @property
     def port(self) -> int:
-        return self.sock.getsockname()[1]
+        return self.acceptor.port
 
     def event(self, what: str, key: int, chunk: int, it: int) -> None:
         """As `Scheduler.event`: "recv" (a push arrived), "done" (a slot is averaged), "send"
@@ -163,48 +162,35 @@ class ParameterServer:
         finally:
             for c in self.conns.values():
                 c.close()
-            self.sock.close()
+            self.acceptor.close()
             self.done.set()
 
     def _accept_all(self) -> None:
-        while len(self.conns) < self.num_workers:
-            try:
-                sock, addr = self.sock.accept()
-            except TimeoutError:
-                missing = self.num_workers - len(self.conns)
-                raise CommError(f"{missing} worker(s) never connected within {self.accept_timeout_s:.0f} s") from None
-            sock.settimeout(self.accept_timeout_s)  # a silent peer must not block the handshake
-            conn = Connection(sock, f"worker at {addr[0]}:{addr[1]}")
-            conn.queue_s = PRIORITY_QUEUE_S
-            try:
-                h = conn.recv_header()
-            except CommError:
-                conn.close()
-                raise
-            sock.settimeout(None)
-            if h.kind != Kind.HELLO or h.key != self.num_workers or h.sender >= self.num_workers \
-                    or h.sender in self.conns:
-                conn.close()
-                raise CommError(f"{conn.peer}: expected HELLO from a new rank < {self.num_workers} in a job of "
-                                f"{self.num_workers} workers, got {h.kind.name} from rank {h.sender} for {h.key}")
-            conn.peer = f"worker {h.sender} ({addr[0]})"
-            self.conns[h.sender] = conn
-            try:
-                mode = Mode(h.chunk)
-            except ValueError:
-                raise CommError(f"{conn.peer} asks for unknown server mode {h.chunk}") from None
-            if self.mode is None:
-                self.mode = mode
-            elif mode != self.mode:
-                raise CommError(f"{conn.peer} speaks {mode.name} but this server runs {self.mode.name}")
-            on_send = self._trace_send if self.trace else None
-            # Transmit stamps always (the host's queue bound, as the workers'); rows when traced.
-            stamps = TxStamps.enable(conn.sock, peer=h.sender, record=self.trace)
-            if stamps is not None and self.trace:
-                self.stamps.append(stamps)
-            self.outboxes[h.sender] = Outbox(conn, lambda e, r=h.sender: self._fail(e, r),
-                                             sender=self.rank, on_send=on_send, stamps=stamps,
-                                             host_queue_s=HOST_QUEUE_S)
+        """Every worker, within accept_timeout_s of the one before (they start at their own pace)."""
+        self.acceptor.accept(range(self.num_workers), self._check_mode, per_peer=True, on_accept=self._attach)
+
+    def _check_mode(self, conn: Connection, h: Header) -> None:
+        """A worker's HELLO (rank and job size checked already) names the mode it speaks."""
+        try:
+            mode = Mode(h.chunk)
+        except ValueError:
+            raise CommError(f"{conn.peer} asks for unknown server mode {h.chunk}") from None
+        if self.mode is None:
+            self.mode = mode
+        elif mode != self.mode:
+            raise CommError(f"{conn.peer} speaks {mode.name} but this server runs {self.mode.name}")
+
+    def _attach(self, rank: int, conn: Connection) -> None:
+        """A worker that said HELLO: its outbox, with transmit stamps always (the host's
+        queue bound, as the workers'); rows when traced."""
+        conn.queue_s = PRIORITY_QUEUE_S
+        self.conns[rank] = conn
+        on_send = self._trace_send if self.trace else None
+        stamps = TxStamps.enable(conn.sock, peer=rank, record=self.trace)
+        if stamps is not None and self.trace:
+            self.stamps.append(stamps)
+        self.outboxes[rank] = Outbox(conn, lambda e, r=rank: self._fail(e, r), sender=self.rank, on_send=on_send,
+                                     stamps=stamps, host_queue_s=HOST_QUEUE_S)
 
     def _trace_send(self, kind: Kind, key: int, chunk: int, it: int) -> None:
         if kind == Kind.RESULT:
