@@ -6,6 +6,7 @@ written with its status and reason. Rows already written are never touched.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import importlib.metadata as md
 import json
@@ -352,7 +353,13 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
     """Inside the network: monitors, shaping and cross traffic on, roles launched, faults
     injected from then on, and the roles awaited, all in wall-clock time (`wall`); the monitor
     tables go into `tables` in emulated time. Returns the wall-clock time that the monitors'
-    t = 0 stands for."""
+    t = 0 stands for.
+
+    Each helper enters an ExitStack as it starts, so whatever fails, the ones started stop,
+    in reverse order, each leaving its table or columns: faults first (nothing stays stopped,
+    cut or throttled; then the watchdog's summary and the faults table, on the clock of the
+    run's end), cross traffic (the shaper stopped before it, as no rate may change while
+    the flows write what they achieved), the shaper, the monitor (its tables, shaping's)."""
     wall = wall or wall_plan(exp)
     log_dir, rec_dir, spec_dir = run_dir / "logs", run_dir / "records", run_dir / "roles"
     net = wall.net
@@ -369,18 +376,31 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
                       egress={f"{a}->{b}": tb.egress(a, b) for a, b, _ in directions},
                       rates=rates, interval_s=wall.monitor_interval_s,
                       qdisc_interval_s=qdisc_interval_s * wall.k, backend=backend)
+    shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates, dilation=wall.k)
     for s in exp.shaping:
         tb.prepare_rate(tuple(s.link))
-    try:
-        monitor.start()
-    except NetlinkError as e:
-        raise NetworkError(f"monitor (netlink): {e}") from None
-    shaper = Shaper(exp.shaping, exp.timeout_s, tb.set_rate, rates, dilation=wall.k).start()
-    cross = CrossTraffic(wall.flows, wall.timeout_s, tb.ip,
-                         lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
-    watchdog = None
+    watchdog: Watchdog | None = None
     failing: list[int] = []
-    try:
+
+    def end_faults() -> None:
+        faults.stop()
+        if watchdog is not None:
+            row.update(watchdog.summary(time.monotonic()))
+        if exp.faults:
+            tables["faults"] = _fault_table(faults, watchdog, row.get("failed_at_s"), failing)
+
+    with contextlib.ExitStack() as helpers:
+        try:
+            monitor.start()
+        except NetlinkError as e:
+            raise NetworkError(f"monitor (netlink): {e}") from None
+        helpers.callback(_end_monitor, monitor, shaper, tables, wall.k)
+        shaper.start()
+        helpers.callback(shaper.stop)
+        cross = CrossTraffic(wall.flows, wall.timeout_s, tb.ip,
+                             lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
+        helpers.callback(_end_cross, cross, shaper, row, bool(exp.cross_traffic), wall.k)
+        helpers.callback(end_faults)   # from the first role's launch on, a fault may be in force
         roles = role_specs(exp, {h: tb.ip(h) for h in net.hosts}, rec_dir, wall)
         env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(exp.workload["threads"])}
         for role, host, spec in roles:
@@ -401,19 +421,21 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
             failing = faults.in_force_ids(now, recent_s=watchdog.window_now.seconds)
             raise
         return monitor.t0_wall
-    finally:
-        faults.stop()   # first: nothing stays stopped, cut or throttled, whatever ended the run
-        if watchdog is not None:
-            row.update(watchdog.summary(time.monotonic()))
-        if exp.faults:
-            tables["faults"] = _fault_table(faults, watchdog, row.get("failed_at_s"), failing)
-        shaper.stop()
-        cross.stop()
-        measured_tables = dict(zip(("links", "qdiscs", "cpu"), monitor.stop(), strict=True))
-        measured_tables["shaping"] = pd.DataFrame(shaper.log, columns=["link", "planned_t", "actual_t", "rate_bps"])
-        for name, df in measured_tables.items():   # times relative to t = 0 and rates: no origin needed
-            tables[name] = table_to_emulated(name, df, wall.k)
-        row["cross_traffic"] = json.dumps(cross_to_emulated(cross.summary(), wall.k)) if exp.cross_traffic else ""
+
+
+def _end_monitor(monitor: Monitor, shaper: Shaper, tables: dict[str, pd.DataFrame], k: float) -> None:
+    """The monitor's tables and the shaper's log (empty if it never started), in emulated time."""
+    measured_tables = dict(zip(("links", "qdiscs", "cpu"), monitor.stop(), strict=True))
+    measured_tables["shaping"] = pd.DataFrame(shaper.log, columns=["link", "planned_t", "actual_t", "rate_bps"])
+    for name, df in measured_tables.items():   # times relative to t = 0 and rates: no origin needed
+        tables[name] = table_to_emulated(name, df, k)
+
+
+def _end_cross(cross: CrossTraffic, shaper: Shaper, row: dict, configured: bool, k: float) -> None:
+    """The cross traffic interrupted (the shaper stopped first, as it always was) and summarised."""
+    shaper.stop()
+    cross.stop()
+    row["cross_traffic"] = json.dumps(cross_to_emulated(cross.summary(), k)) if configured else ""
 
 
 def _fault_table(faults: Faults, watchdog: Watchdog | None, failed_at_s: float | None,
