@@ -84,6 +84,7 @@ def test_heterogeneous_star_average(n):
     json.dumps(plan, allow_nan=False)
 
 
+@pytest.mark.slow
 def test_many_trees_random_tensor_sets():
     """Uniform star: one tree per worker, so every tensor is cut across several trees."""
     rng = np.random.default_rng(7)

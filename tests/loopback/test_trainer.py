@@ -109,11 +109,18 @@ def test_cnn_distributed_equals_union_batch(scheduler, params, workers):
 
 
 @pytest.mark.parametrize("model,scheduler", [
-    ("alexnet", "fifo"), pytest.param("vgg", "bytescheduler", marks=pytest.mark.slow),
+    ("alexnet", "fifo"),
+    pytest.param("vgg", "bytescheduler", marks=pytest.mark.slow),
     pytest.param("resnet", "fifo", marks=pytest.mark.slow),
     pytest.param("resnet", "bytescheduler", marks=pytest.mark.slow),
-    ("bert", "fifo"), ("bert", "bytescheduler"), ("lstm", "fifo"), ("lstm", "bytescheduler"),
-    ("alexnet", "mercury"), ("vgg", "p3"), ("resnet", "ring"), pytest.param("lstm", "forest", marks=pytest.mark.slow)])
+    pytest.param("bert", "fifo", marks=pytest.mark.slow),
+    pytest.param("bert", "bytescheduler", marks=pytest.mark.slow),
+    pytest.param("lstm", "fifo", marks=pytest.mark.slow),
+    pytest.param("lstm", "bytescheduler", marks=pytest.mark.slow),
+    pytest.param("alexnet", "mercury", marks=pytest.mark.slow),
+    pytest.param("vgg", "p3", marks=pytest.mark.slow),
+    ("resnet", "ring"),
+    pytest.param("lstm", "forest", marks=pytest.mark.slow)])
 def test_zoo_distributed_equals_union_batch(model, scheduler):
     batches = zoo_batches(model, workers=2)
     params = SMALL_PARTS if scheduler == "bytescheduler" else {}

@@ -270,9 +270,10 @@ def test_report_of_a_faceted_sweep_with_repeats_tests_a_claim(tmp_path):
 # --------------------------------------------------------------------------- figures, report, notebook
 
 
-@pytest.mark.parametrize("fn", [plots.speedup_plot, plots.iteration_time_sweep_plot, plots.timeline_plot,
+@pytest.mark.parametrize("fn", [plots.speedup_plot, plots.iteration_time_sweep_plot,
+                                pytest.param(plots.timeline_plot, marks=pytest.mark.slow),
                                 pytest.param(plots.link_utilisation_plot, marks=pytest.mark.slow),
-                                plots.efficiency_plot, plots.iteration_time_plot],
+                                pytest.param(plots.efficiency_plot, marks=pytest.mark.slow), plots.iteration_time_plot],
                          ids=lambda f: f.__name__)
 def test_each_figure_draws_the_mini_sweep(fn, tmp_path):
     out = fn(MINI, out=tmp_path / "fig.png", formats=("png", "pdf"))

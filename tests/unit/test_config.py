@@ -389,7 +389,8 @@ HOSTILE = [
     ("racks x seeds", text(yaml.safe_dump({
         **variant("topology", {"kind": "racks", "racks": 16, "hosts_per_rack": 64, "host_bw_mbps": 10}),
         "roles": {"servers": ["r0h0"], "workers": "rest"}, "seeds": list(range(4999))})),
-     r"grid: 4999 experiments of \d+ values and 1024 hosts each; a plan holds at most 1000000 values"),
+     r"grid: 4999 experiments of \d+ values and 1024 hosts each; a plan holds at most 1000000 values",
+     pytest.mark.slow),
     # the schema
     ("10^12 iterations", cfg("workload.iterations", 10 ** 12), r"workload\.iterations: must be <= 1000000"),
     ("10^9 batch", cfg("workload.batch_size", 10 ** 9), r"workload\.batch_size: must be <= 65536"),
@@ -400,7 +401,7 @@ HOSTILE = [
      r"topology\.racks: must be <= 16"),
     ("2000 listed hosts",
      cfg("topology", {"kind": "star", "hosts": [{"name": f"h{i}", "bw_mbps": 1} for i in range(2000)]}),
-     r"topology\.hosts: must have at most 1024 item\(s\)"),
+     r"topology\.hosts: must have at most 1024 item\(s\)", pytest.mark.slow),
     ("interface name", text(yaml.safe_dump({**GOOD, "topology": {**STAR, "switch": "abcdefghij"},
                                             "roles": {"servers": ["h0"], "workers": "rest"}})),
      r"topology\.switch: Mininet would name an interface 'abcdefghij-eth10', longer than the 15 characters"),
@@ -457,7 +458,7 @@ HOSTILE = [
     ("monitor interval", cfg("monitor", {"interval_s": 1e-300}), r"monitor\.interval_s: must be >= 0\.001"),
     ("fidelity window", cfg("fidelity", {"window_s": 1e-300}), r"fidelity\.window_s: must be >= 0\.1"),
     ("40000 workers", cfg("roles.workers", [f"w{i}" for i in range(40_000)]),
-     r"roles\.workers\[2\]: 'w2' is not a host"),
+     r"roles\.workers\[2\]: 'w2' is not a host", pytest.mark.slow),
 ]
 
 
@@ -476,7 +477,8 @@ def deadline():
     signal.signal(signal.SIGALRM, old)
 
 
-@pytest.mark.parametrize("make,message", [c[1:] for c in HOSTILE], ids=[c[0] for c in HOSTILE])
+@pytest.mark.parametrize("make,message", [pytest.param(*c[1:3], marks=c[3:]) for c in HOSTILE],
+                         ids=[c[0] for c in HOSTILE])
 def test_hostile_input_is_one_line(tmp_path, deadline, make, message):
     path = make(tmp_path)
     if str(path).endswith(".yaml") and b"{tmp}" in path.read_bytes():

@@ -68,6 +68,7 @@ def pipeline(steps: list[tuple[float, float, float]]) -> tuple[list[float], list
 STEPS = st.lists(st.tuples(st.floats(1e-4, 1.0), st.floats(0.0, 2.0), st.floats(0.0, 0.1)), min_size=1, max_size=12)
 
 
+@pytest.mark.slow
 @FAST
 @given(steps=STEPS)
 def test_every_iteration_holds_its_own_communication_and_the_windows_tile_the_run(steps):
@@ -98,6 +99,7 @@ CONFIGS = st.builds(experiment, bws=st.lists(st.integers(1, 1000), min_size=2, m
                     iterations=st.integers(2, 6), warmup=st.integers(0, 1), seed=st.integers(0, 3))
 
 
+@pytest.mark.slow
 @settings(max_examples=40)
 @given(a=CONFIGS, b=CONFIGS, ra=st.integers(0, 2), rb=st.integers(0, 2))
 def test_run_ids_are_stable_and_equal_exactly_for_equal_resolved_configs_and_repeats(a, b, ra, rb):

@@ -207,6 +207,7 @@ def test_tuned_json_and_tuned_yaml(tmp_path):
     assert bs.scheduler_params == rec["best"]["params"]
 
 
+@pytest.mark.slow
 def test_a_study_of_another_setting_is_refused(tmp_path):
     tune(spec_for(tmp_path, 2), tmp_path / "results", run=StandIn(), log=lambda s: None)
     with pytest.raises(ConfigError, match=r"study.db: holds a tune of another setting"):
@@ -316,6 +317,7 @@ def test_label_is_left_out_of_run_ids_until_set(tmp_path):
         load_plan(write_config(tmp_path), _sections(), ["label=-bad"])
 
 
+@pytest.mark.slow
 def test_the_task_runs_each_trial_through_run_plan(tmp_path, monkeypatch, capsys):
     """`./inv tune` end to end with `run_plan` (which would start Mininet) stood in for."""
     from invoke import Context
