@@ -130,6 +130,11 @@ class Slot:
 class Forest(Scheduler):
     name = "forest"
     Params = ForestParams
+    family = "collective"
+    bound_model = "tree_packing"  # the LP optimum of spanning-tree packing its planner targets
+    display_order = 6
+    claims = {"forest-heterogeneous": "claimed"}
+    report_sections = ("forest_compare", "replan")
 
     def __init__(self, ctx: RoleContext, params: ForestParams):
         super().__init__(ctx, params)

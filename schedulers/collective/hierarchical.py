@@ -97,6 +97,9 @@ class HierBucket(BucketState):
 class Hierarchical(BucketCollective):
     name = "hierarchical"
     Params = HierarchicalParams
+    family = "collective"
+    bound_model = "hierarchical_allreduce"
+    display_order = 7
 
     def __init__(self, ctx: RoleContext, params: HierarchicalParams):
         super().__init__(ctx, params)

@@ -117,6 +117,11 @@ def ring_chunks(numel: int, n: int, chunk_numel: int) -> list[Chunk]:
 class Ring(BucketCollective):
     name = "ring"
     Params = RingParams
+    family = "collective"
+    bound_model = "ring_allreduce"
+    display_order = 4
+    claims = {"forest-heterogeneous": "baseline"}
+    report_sections = ("forest_compare",)  # a baseline there, its ring's order part of its name and bound
 
     def __init__(self, ctx: RoleContext, params: RingParams):
         super().__init__(ctx, params)
