@@ -31,6 +31,7 @@ from contracts import tx_frames
 from contracts.iterations import measured
 from contracts.role_spec import Address, RoleSpec
 from contracts.role_spec import role_specs as build_role_specs
+from contracts.scheduler_info import COLUMN as SCHEDULER_METADATA
 from emu.config.capacity import capacity_graph, graph_to_json
 from emu.config.dilation import (
     WallPlan,
@@ -263,7 +264,11 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     for d in (log_dir, rec_dir, spec_dir):
         d.mkdir(parents=True)
     write_text(run_dir / "config.yaml", yaml.safe_dump(exp.resolved(), sort_keys=False))
-    write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment()}, indent=2))
+    # What the registry says about the scheduler goes with the run (row and meta.json), so that
+    # analysis of stored results needs no scheduler's code; not in config.yaml, not in the run id.
+    declared = {} if exp.scheduler_info is None else {SCHEDULER_METADATA: exp.scheduler_info.model_dump(mode="json")}
+    write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment(), **declared},
+                                                 indent=2))
 
     # Under time dilation the testbed runs `wall` (emu/config/dilation.py); every table and metric is
     # converted back to emulated time as it is collected. wall_s, bringup_s and teardown_s
@@ -272,7 +277,7 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     row: dict[str, Any] = {"run_id": run_id, "sweep": exp.name, "repeat": repeat, "status": "running",
                            "reason": "", "started_at": dt.datetime.now(dt.UTC).isoformat(),
                            "network": exp.net.describe(), **flatten(exp.resolved()), "time_dilation": wall.k,
-                           **(extra or {})}
+                           **{k: json.dumps(v) for k, v in declared.items()}, **(extra or {})}
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
     try:

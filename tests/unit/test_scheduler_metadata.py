@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import colorsys
+import json
 import shutil
 from pathlib import Path
 
@@ -155,6 +156,33 @@ def test_an_experiment_carries_its_schedulers_info_outside_its_run_id():
     without = validate_experiment(raw, Sections(workload=_sections().workload, schedulers=_sections().schedulers))
     assert with_info.scheduler_info == infos()[raw["scheduler"]] and without.scheduler_info is None
     assert with_info.run_id(0) == without.run_id(0) and with_info.resolved() == without.resolved()
+
+
+def test_the_runner_records_the_info_in_the_row_and_meta_json(tmp_path, monkeypatch):
+    """Up to the network (a stand-in that fails to come up): the row starts with the info, so
+    even a failed run's row has it."""
+    from emu.run import runner
+    from emu.testbed.network import NetworkError
+
+    class NoNetwork:
+        def __init__(self, *a, **kw): ...
+
+        def __enter__(self):
+            raise NetworkError("no network in a unit test")
+
+        def __exit__(self, *exc): ...
+
+    monkeypatch.setattr(runner, "Testbed", NoNetwork)
+    monkeypatch.setattr(runner, "backend_for", lambda configured: "tc")
+    exp = validate_experiment(yaml.safe_load((MINI / "05868d9c075f" / "config.yaml").read_text()), _sections())
+    row = runner.run_one(exp, 0, tmp_path, state=None)
+    assert row["status"] == "failed" and "no network" in row["reason"]
+    assert SchedulerInfo.model_validate_json(row[COLUMN]) == infos()[exp.scheduler]
+    stored = pd.read_parquet(tmp_path / exp.name / "runs.parquet").iloc[0]
+    assert SchedulerInfo.model_validate_json(stored[COLUMN]) == infos()[exp.scheduler]
+    meta = json.loads((tmp_path / exp.name / exp.run_id(0) / "meta.json").read_text())
+    assert SchedulerInfo.model_validate(meta[COLUMN]) == infos()[exp.scheduler]
+    assert COLUMN not in (tmp_path / exp.name / exp.run_id(0) / "config.yaml").read_text()
 
 
 def test_old_rows_get_the_handed_over_description_and_read_as_before():
