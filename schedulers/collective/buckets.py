@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
-from schedulers.core.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.api import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.core.failure import Failure
 from schedulers.transport.connection import Connection, Kind
 

@@ -43,10 +43,10 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from schedulers.api import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.collective.bandwidth import skeleton, structure
 from schedulers.collective.forest_plan import DEFAULT_EPSILON, ForestPlan, Tree, plan_forest
 from schedulers.collective.forest_replan import PROBE_FRAME, Replanner
-from schedulers.core.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.core.failure import Failure
 from schedulers.transport.connection import Connection, Kind, Outbox, stream_chunk_numel
 from schedulers.transport.peers import Acceptor, Hello, dial

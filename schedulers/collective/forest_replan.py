@@ -42,9 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from schedulers.api import CommError
 from schedulers.collective.bandwidth import Pair, estimate, probe_rounds, with_capacities
 from schedulers.collective.forest_plan import ForestPlan, plan_forest
-from schedulers.core.base import CommError
 from schedulers.core.linkmodel import LinkModel
 from schedulers.transport.connection import Kind
 

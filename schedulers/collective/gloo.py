@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from schedulers.api import CommError, RoleContext, Scheduler, TensorSpec
 from schedulers.collective.buckets import BucketParams, BucketState, plan_buckets
-from schedulers.core.base import CommError, RoleContext, Scheduler, TensorSpec
 from schedulers.core.failure import Failure
 from schedulers.transport.connection import listen
 

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import Field
 
+from schedulers.api import CommError, RoleContext, TensorSpec
 from schedulers.collective.buckets import BucketCollective, BucketParams, BucketState, plan_buckets
 from schedulers.collective.ring import Chunk, ring_chunks
-from schedulers.core.base import CommError, RoleContext, TensorSpec
 from schedulers.transport.connection import Connection, Kind, Outbox, abort_all, stream_chunk_numel
 from schedulers.transport.peers import Acceptor, Hello, dial
 

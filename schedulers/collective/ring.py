@@ -36,8 +36,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from schedulers.api import CommError, RoleContext, TensorSpec
 from schedulers.collective.buckets import BucketCollective, BucketParams, BucketState, plan_buckets
-from schedulers.core.base import CommError, RoleContext, TensorSpec
 from schedulers.core.linkmodel import LinkModel
 from schedulers.transport.connection import (  # noqa: F401 - MIN_CHUNK_NUMEL: part of the ring chunking rule
     MIN_CHUNK_NUMEL,

@@ -44,7 +44,7 @@ import numpy as np
 from pydantic import Field, model_serializer
 
 from contracts.tx_frames import summary
-from schedulers.core.base import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
+from schedulers.api import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.core.failure import Failure
 from schedulers.transport.connection import (
     HOST_QUEUE_S,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from schedulers.core.base import TensorSpec
+from schedulers.api import TensorSpec
 from schedulers.ps.client import PSParams, PushScheduler
 from schedulers.transport.connection import Mode
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from contracts.scheduler_info import TuneDim
-from schedulers.core.base import TensorSpec
+from schedulers.api import TensorSpec
 from schedulers.ps.client import PSParams, PushScheduler, assign_servers
 from schedulers.transport.connection import Mode
 

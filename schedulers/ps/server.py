@@ -54,7 +54,7 @@ import numpy as np
 
 from contracts import tx_frames
 from contracts.role_spec import RoleSpec
-from schedulers.core.base import CommError
+from schedulers.api import CommError
 from schedulers.core.progress import ProgressReporter
 from schedulers.transport.connection import (
     HOST_QUEUE_S,

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from contracts.scheduler_info import SchedulerInfo
+from schedulers.api import CommError, RoleContext, Scheduler
 from schedulers.collective.forest import Forest
 from schedulers.collective.gloo import Gloo
 from schedulers.collective.hierarchical import Hierarchical
 from schedulers.collective.ring import Ring
-from schedulers.core.base import CommError, RoleContext, Scheduler
 from schedulers.ps.bytescheduler import ByteScheduler
 from schedulers.ps.fifo import FIFO
 from schedulers.ps.mercury import Mercury
