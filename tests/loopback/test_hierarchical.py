@@ -252,7 +252,7 @@ def _survivors(params, eps, topology, ranks, sizes, iterations, results, connect
 @pytest.mark.slow
 @pytest.mark.parametrize("dead,stop_after", [(3, 0), (3, 3), (1, 3), (0, 0)],
                          ids=["member-dies-idle", "member-dies-mid-backward", "leader-dies", "worker0-dies"])
-def test_worker_death_names_it_everywhere(dead, stop_after):
+def test_worker_death_names_it_everywhere(dead, stop_after, procs):
     """A worker (a member, a leader, or the first leader) dies during iteration 1, before
     pushing anything or halfway through: its process exits without a word. Every other
     worker, in both groups, fails promptly with an error naming it."""
@@ -263,7 +263,7 @@ def test_worker_death_names_it_everywhere(dead, stop_after):
     spec = {"name": "hierarchical", "params": params, "rank": dead, "servers": [],
             "workers": [vars(e) for e in eps], "topology": topology, "sizes": sizes, "iterations": 2, "seed": 0,
             "stop_after": stop_after}
-    proc = spawn_job(spec)
+    proc = procs.add(spawn_job(spec))
     results: dict = {}
     survivors = [r for r in range(5) if r != dead]
     threads = _survivors(params, eps, topology, survivors, sizes, 2, results)

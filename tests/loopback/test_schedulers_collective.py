@@ -198,14 +198,14 @@ def _spec(name, params, eps, rank, sizes, iterations, **kw):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_after", [0, 3], ids=["dies-idle", "dies-mid-backward"])
-def test_ring_worker_death_names_it_everywhere(stop_after):
+def test_ring_worker_death_names_it_everywhere(stop_after, procs):
     """Worker 2 of 5 dies (its process exits without a word) during iteration 1, either
     before pushing anything (its neighbours are idle, waiting) or halfway through. Every
     other worker fails promptly with an error naming worker 2."""
     eps = endpoints(5)
     sizes = [1000, 50_000, 7, 200_001, 30]
     params = {"bucket_mb": 0.1, "first_bucket_mb": 0.01, "chunk_kb": 16}
-    dead = spawn_job(_spec("ring", params, eps, 2, sizes, 2, stop_after=stop_after))
+    dead = procs.add(spawn_job(_spec("ring", params, eps, 2, sizes, 2, stop_after=stop_after)))
     results: dict = {}
     threads = _survivors("ring", params, eps, [0, 1, 3, 4], sizes, 2, results)
     dead.wait(20)
@@ -262,12 +262,12 @@ def test_gloo_missing_worker_fails_rendezvous_in_time(tmp_path):
 
 @pytest.mark.parametrize("dead_rank", [0, 2], ids=["store-host-dies", "worker-dies"])
 @pytest.mark.slow
-def test_gloo_worker_death_ends_everyone(dead_rank, tmp_path):
+def test_gloo_worker_death_ends_everyone(dead_rank, tmp_path, procs):
     """gloo: the survivors fail within bounded time with a CommError (no hang, no SIGABRT)
     naming the dead worker, found by probing its port."""
     eps = endpoints(4)
     sizes = [1000, 300_001, 7]
-    dead = spawn_job(_spec("gloo", {"timeout_s": 30}, eps, dead_rank, sizes, 3, stop_after=1))
+    dead = procs.add(spawn_job(_spec("gloo", {"timeout_s": 30}, eps, dead_rank, sizes, 3, stop_after=1)))
     survivors = [r for r in range(4) if r != dead_rank]
     t0 = time.monotonic()
     errors = POOL.run([_spec("gloo", {"timeout_s": 30}, eps, r, sizes, 3, out=str(tmp_path / f"{r}.npz"))
