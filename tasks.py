@@ -17,11 +17,38 @@ RESULTS = REPO / "results"
 
 
 def _sections():
-    from emu.config.experiment import Sections
-    from schedulers.registry import infos, params_models
+    """What config validation needs from the upper layers: the workload's model, the registry's
+    schedulers (installed packages' entry points included) and how to load a config's plugins."""
+    from emu.config.experiment import ConfigError, Sections
+    from schedulers.registry import infos, params_models, plugins
     from workloads.config import WorkloadConfig
 
-    return Sections(workload=WorkloadConfig, schedulers=params_models(), infos=infos())
+    try:
+        installed = plugins.load_entry_points()
+    except plugins.PluginError as e:
+        raise ConfigError(str(e)) from None
+    return Sections(workload=WorkloadConfig, schedulers=params_models(), infos=infos(), with_plugins=_with_plugins,
+                    plugins={p.spec: _identity(p) for p in installed})
+
+
+def _identity(p) -> dict:
+    """A loaded plugin as emu/config's PluginRef: its identity, and how the runner finds it (not hashed)."""
+    return {**p.identity(), "path": p.path if p.kind == "file" else None, "module": p.module}
+
+
+def _with_plugins(specs: list[str], base_dir: Path):
+    """Sections.with_plugins: the config's plugins loaded into the registry, then the sections again."""
+    from dataclasses import replace
+
+    from emu.config.experiment import ConfigError
+    from schedulers.registry import plugins
+
+    try:
+        loaded = plugins.load_plugins(specs, base_dir)
+    except plugins.PluginError as e:
+        raise ConfigError(str(e)) from None
+    sections = _sections()
+    return replace(sections, plugins={**sections.plugins, **{p.spec: _identity(p) for p in loaded}})
 
 
 def _hand_over_infos() -> None:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 COLUMN = "scheduler_metadata"  # the row's column: SchedulerInfo as JSON text
 
 Family = Literal["parameter_server", "collective"]
-BoundModel = Literal["parameter_server", "ring_allreduce", "tree_packing", "hierarchical_allreduce", "cut"]
-BOUND_MODELS: tuple[str, ...] = BoundModel.__args__
+BoundModel = Literal["parameter_server", "ring_allreduce", "tree_packing", "hierarchical_allreduce", "cut", "none"]
+# "none": no model fits the scheduler (a plugin's own pattern); analysis leaves its bound and
+# efficiency empty and says "no bound" rather than judge it against a bound that does not apply.
+NO_BOUND = "none"
+BOUND_MODELS: tuple[str, ...] = tuple(m for m in BoundModel.__args__ if m != NO_BOUND)  # those with a bound
 ClaimRole = Literal["claimed", "baseline"]
 
 # Rows annotated before the models had names of their own say these (analysis reads them as the new name).
@@ -65,3 +68,14 @@ class SchedulerInfo(BaseModel):
     report_sections: tuple[str, ...] = Field(
         default=(), description="report sections about it; a section with a module of its own is "
                                 "analysis/<section>.py, the only analysis modules that name it")
+    plugin: str | None = Field(
+        default=None, description="the plugin it came from (its spec in `plugins:`, or `entry_point:<name>`); "
+                                  "None for a built-in, and then left out of the JSON, so built-ins' records read "
+                                  "as before")
+
+    @model_serializer(mode="wrap")
+    def _without_builtin_plugin(self, handler):
+        d = handler(self)
+        if self.plugin is None:
+            d.pop("plugin", None)
+        return d

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -160,6 +160,20 @@ class FidelityConfig(Strict):
                                  description="a link with proven queued work reaches this x rate")
 
 
+class PluginRef(Strict):
+    """One plugin of the config (`plugins:`) as the run id hashes it: what the config wrote and
+    what identifies its code (schedulers/registry/plugins.py loads it and says). The file's path
+    on this machine is kept (the runner copies the file into the run) but not dumped, so
+    neither the run id nor config.yaml depends on where the checkout lies."""
+
+    spec: str = Field(description="the file (relative to the config file, or absolute) or module, as written")
+    kind: Literal["file", "module", "entry_point"]
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the file, or of the package's source files")
+    version: str | None = Field(default=None, description="the installed distribution's version (modules)")
+    path: str | None = Field(default=None, exclude=True, description="the file on this machine; not hashed")
+    module: str | None = Field(default=None, exclude=True, description="what a role imports (modules); not hashed")
+
+
 class Experiment(Strict):
     """One fully resolved experiment: what `run_id` hashes. Its model validator checks what
     no single field can: that roles, host_cpu, shaped links and flows name hosts and links of
@@ -193,6 +207,11 @@ class Experiment(Strict):
     workload: dict[str, Any]
     scheduler: str
     schedulers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    plugins: list[PluginRef] = Field(
+        default_factory=list, max_length=64,
+        description="Python files (relative to the config file, or absolute) or module names defining schedulers "
+                    "(schedulers/registry/plugins.py); each one's code hash is part of the run id. Empty: left out "
+                    "of the run id")
     label: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _.,=+-]{0,39}$",
         description="names this variant of the scheduler in reports (e.g. tuned: `bytescheduler (tuned)` beside "
@@ -354,11 +373,18 @@ class Sections:
     workload: pydantic model of the `workload:` section.
     schedulers: scheduler name -> pydantic model of its tunables.
     infos: scheduler name -> what the registry says about it (its tuning space, its family, ...).
+    with_plugins: (the config's `plugins:`, the directory relative paths start from) -> these
+        sections with the plugins' schedulers added, the plugins loaded (tasks.py gives the
+        registry's loader); raises ConfigError. None: a config with plugins is refused.
+    plugins: plugin spec -> its identity (PluginRef's fields), for those loaded: a config's, and
+        installed packages' entry points (`entry_point:<name>`).
     """
 
     workload: type[BaseModel] | None = None
     schedulers: Mapping[str, type[BaseModel]] = field(default_factory=dict)
     infos: Mapping[str, SchedulerInfo] = field(default_factory=dict)
+    with_plugins: Callable[[list[str], Path], Sections] | None = None
+    plugins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path = Path("."),
@@ -369,6 +395,7 @@ def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path 
     parsed trace files by file identity, shared by the experiments of one plan (the model is
     validated twice per experiment, and a plan's experiments often share a trace)."""
     ctx = {"base_dir": str(base_dir), "traces": {} if traces is None else traces}
+    raw, sections = _with_plugins(raw, sections, base_dir)
     try:
         exp = Experiment.model_validate(raw, context=ctx)
     except ValidationError as e:
@@ -403,9 +430,38 @@ def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path 
             raise ConfigError(f"roles.servers: scheduler {exp.scheduler!r} runs among the workers; "
                               f"it uses no servers (remove them)")
     _check_dilated_sections(exp.time_dilation, d, sections)
+    d["plugins"] = raw.get("plugins", [])  # with their paths, which the dump leaves out
     out = Experiment.model_validate(d, context=ctx)
     out._scheduler_info = sections.infos.get(out.scheduler)
     return out
+
+
+def _with_plugins(raw: dict[str, Any], sections: Sections, base_dir: Path) -> tuple[dict[str, Any], Sections]:
+    """The config's `plugins:` loaded (through `sections.with_plugins`) and replaced by their
+    identities, and the sections that know their schedulers. An entry point's scheduler (an
+    installed package's) adds its plugin too, so its code is part of the run id even though the
+    config does not list it. A resolved config's plugins (dicts, config.yaml) load again by spec."""
+    given = raw.get("plugins")
+    if given is None or given == []:
+        specs: list[str] = []
+    elif not isinstance(given, list):
+        raise ConfigError(f"plugins: must be a list of Python files or module names, got {quote(given)}")
+    else:
+        specs = []
+        for i, s in enumerate(given):
+            s = s.get("spec") if isinstance(s, dict) else s
+            if not isinstance(s, str) or not s.strip():
+                raise ConfigError(f"plugins[{i}]: must be a Python file or a module name, got {quote(s)}")
+            specs.append(s)
+        if sections.with_plugins is None:
+            raise ConfigError("plugins: this command cannot load plugins")
+        sections = sections.with_plugins(specs, base_dir)
+    info = sections.infos.get(raw.get("scheduler")) if isinstance(raw.get("scheduler"), str) else None
+    if info is not None and info.plugin and info.plugin.startswith("entry_point:") and info.plugin not in specs:
+        specs.append(info.plugin)
+    if not specs:
+        return raw, sections
+    return {**raw, "plugins": [dict(sections.plugins[s]) for s in specs]}, sections
 
 
 def _check_dilated_sections(k: float, d: dict[str, Any], sections: Sections) -> None:

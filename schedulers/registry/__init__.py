@@ -1,5 +1,7 @@
 """Scheduler name -> class. Adding a scheduler: write its module (its class declares what the
-rest of the harness knows about it, `Scheduler.describe`), then add one line here.
+rest of the harness knows about it, `Scheduler.describe`), then add one line here; or, from
+outside the repository, name its file or module in a config's `plugins:` (or install it with a
+`schedlab.schedulers` entry point): schedulers/registry/plugins.py registers it here.
 
 Importing this module is cheap (no torch), so the orchestrator can validate configs with
 `params_models()` and hand emu/ and analysis/ the schedulers' descriptions (`infos()`) without
@@ -23,6 +25,10 @@ from schedulers.transport.connection import Mode
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     cls.name: cls for cls in (FIFO, ByteScheduler, P3, Mercury, Ring, Gloo, Forest, Hierarchical)}
+# Plugin schedulers (schedulers/registry/plugins.py), by name: where each came from (the file's
+# path or the module), to tell a clash from the same plugin loaded again; and its spec.
+SOURCES: dict[str, str] = {}
+PLUGIN_SPECS: dict[str, str] = {}
 
 
 def params_models() -> dict[str, type[BaseModel]]:
@@ -31,7 +37,8 @@ def params_models() -> dict[str, type[BaseModel]]:
 
 def infos() -> dict[str, SchedulerInfo]:
     """Every scheduler's description (contracts/scheduler_info.py), in registry order."""
-    return {name: cls.describe() for name, cls in SCHEDULERS.items()}
+    return {name: cls.describe() if name not in PLUGIN_SPECS else
+            cls.describe().model_copy(update={"plugin": PLUGIN_SPECS[name]}) for name, cls in SCHEDULERS.items()}
 
 
 def create(name: str, ctx: RoleContext, params: dict) -> Scheduler:
