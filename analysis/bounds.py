@@ -34,6 +34,9 @@ MODELS says what each one is (the report quotes it) and computes it:
   its loads in every stage (a leader's host link: its members' gradients and averages and its
   ring hops) and the busiest link direction decides. The pattern is fixed, so this is its optimum.
 - "cut" (a scheduler that declares it, or none): the cut bound below.
+- "none" (a plugin whose pattern no model fits): no bound; `bound_s`, `efficiency` and the
+  model's other columns stay empty and the report says "no bound", rather than judge the run
+  against a bound that does not apply. The model-free cut bound and `cut_efficiency` are kept.
 
 `cut_bound_s` is model-free, for every run with 2 or more workers: for every split of the
 workers into two sides, each side needs G bytes of the other's contributions, so G must
@@ -77,6 +80,7 @@ import pandas as pd
 from analysis import catalog
 from analysis.capacity import route, run_capacity, time_dilation
 from contracts.role_spec import RoleSpec
+from contracts.scheduler_info import NO_BOUND
 
 MAX_LP_HOSTS = 32  # the forest LP's size grows as N^3; beyond this a forest run is judged by the cut bound
 COLUMNS = ["comm_bound_s", "cut_bound_s", "bound_s", "efficiency", "bound_model", "bound_capacity",
@@ -297,6 +301,8 @@ class Model:
 
 
 CUT = "cut"
+NO_BOUND_TEXT = ("no bound: the scheduler declares that no model fits it, so its efficiency is left empty; the cut "
+                 "bound below still applies")
 MODELS: dict[str, Model] = {  # every name of contracts.scheduler_info.BoundModel
     "parameter_server": Model(
         "parameter server: each worker pushes and pulls G/S to and from each of the S servers along "
@@ -329,7 +335,9 @@ def bound_model(declared: str | None, workers: list[str], servers: list[str]) ->
     """The model a run is judged in: the one its scheduler declares where it applies; "cut"
     for a scheduler that declares none (or one unknown here), for a parameter server without
     servers, and for tree packing beyond MAX_LP_HOSTS hosts (the report then names the cut
-    bound as its bound)."""
+    bound as its bound); "none" for a scheduler that declares no bound fits it."""
+    if declared == NO_BOUND:
+        return NO_BOUND
     model = MODELS.get(declared) if declared is not None else None
     return declared if model is not None and model.applies(workers, servers) else CUT
 
@@ -355,9 +363,11 @@ def run_bounds(run, run_dir: Path) -> dict:
     declared = catalog.of_run(run)  # a labelled variant: its scheduler's
     model = bound_model(None if declared is None else declared.bound_model, workers, servers)
     cap = run_capacity(line_g, run, run_dir)
-    line = model_bound_s(model, cap.graph, workers, servers, grad)
     g, avail = payload_graph(line_g), payload_graph(cap.graph)
     cut = cut_bound_s(avail, workers, grad)
+    if model == NO_BOUND:
+        return _no_bound(run, cap, cut, ring_bound_s(avail, workers, grad))
+    line = model_bound_s(model, cap.graph, workers, servers, grad)
     comm = cut if model == CUT else model_bound_s(model, avail, workers, servers, grad)
     configured = comm if cap.graph is line_g else model_bound_s(model, g, workers, servers, grad)
     compute = float(run["compute_median_s"])
@@ -369,6 +379,18 @@ def run_bounds(run, run_dir: Path) -> dict:
             "bound_configured_s": max(compute, configured), "cut_efficiency": max(compute, cut) / measured_s,
             "ring_rank_order_bound_s": ring_bound_s(avail, workers, grad),
             "bound_line_rate_s": max(compute, line), "efficiency_line_rate": max(compute, line) / measured_s}
+
+
+def _no_bound(run, cap, cut: float, ring_rank_order: float) -> dict:
+    """A run whose scheduler declares no bound model: the cut bound only, the model's columns empty."""
+    compute = float(run["compute_median_s"])
+    mean = cap.varies and pd.notna(run.get("iter_time_mean_s"))
+    measured_s = float(run["iter_time_mean_s"] if mean else run["iter_time_median_s"])
+    nan = float("nan")
+    return {"comm_bound_s": nan, "cut_bound_s": cut, "bound_s": nan, "efficiency": nan, "bound_model": NO_BOUND,
+            "bound_capacity": cap.basis, "efficiency_basis": "mean" if mean else "median", "bound_configured_s": nan,
+            "cut_efficiency": max(compute, cut) / measured_s, "ring_rank_order_bound_s": ring_rank_order,
+            "bound_line_rate_s": nan, "efficiency_line_rate": nan}
 
 
 def annotate(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:

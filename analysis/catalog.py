@@ -89,6 +89,24 @@ def baseline() -> str:
     return name
 
 
+def colour_slots() -> dict[str, int]:
+    """Each known scheduler's colour index (analysis/plots.py): its declared display_order, unless a
+    scheduler before it took that order (a built-in before a plugin, then by name); those that
+    clash take the indices after every declared order, in (order, name) order. So a plugin that
+    declares a built-in's order still gets a colour of its own, the same in every figure."""
+    ranked = sorted(infos().items(), key=lambda kv: (kv[1].display_order, kv[1].plugin is not None, kv[0]))
+    slots: dict[str, int] = {}
+    clashed: list[str] = []
+    for name, i in ranked:
+        if i.display_order in slots.values():
+            clashed.append(name)
+        else:
+            slots[name] = i.display_order
+    after = max(slots.values(), default=-1) + 1
+    slots.update({name: after + k for k, name in enumerate(clashed)})
+    return slots
+
+
 def by_display_name(display: str) -> SchedulerInfo | None:
     return next((i for i in infos().values() if i.display_name == display), None)
 

@@ -28,7 +28,8 @@ from analysis.speedup import METHOD, iteration_times, load_comparison, speedups 
 from analysis.tables import NoResults, key_label, load_events, load_iterations, load_links, load_runs, swept_keys  # noqa: E402
 from contracts.iterations import measured  # noqa: E402
 
-# Fixed colours: a scheduler's declared `display_order` (analysis/catalog.py) indexes PALETTE, so
+# Fixed colours: a scheduler's declared `display_order` (analysis/catalog.py; a plugin's that clashes
+# with another's moved past them, catalog.colour_slots) indexes PALETTE, so
 # it looks the same in every figure of every report and no two schedulers share a colour; its
 # variants (tables.variant_names) are shades of its colour. seaborn's "deep" with its grey last
 # (the figures draw reference lines in grey), then husl hues for orders beyond its ten.
@@ -54,8 +55,10 @@ def _declared_order(base: str) -> int | None:
 
 
 def _unknown_from() -> int:
-    """The first order after every known scheduler's: where schedulers no one declared go."""
-    return max((i.display_order for i in catalog.infos().values()), default=-1) + 1
+    """The first order after every known scheduler's (and colour after every known one's, clashes
+    resolved by catalog.colour_slots): where schedulers no one declared go."""
+    return max([i.display_order for i in catalog.infos().values()] + list(catalog.colour_slots().values()),
+               default=-1) + 1
 
 
 def _natural(text: str) -> tuple:
@@ -93,9 +96,9 @@ def _shade(rgb, t: float):
 def _colour_index(base: str, among) -> int:
     """PALETTE's index of a scheduler: its declared order; one no scheduler declared takes the
     next free index, in name order among those drawn together (`among`)."""
-    rank = _declared_order(base)
-    if rank is not None:
-        return rank
+    info = catalog.by_display_name(base)
+    if info is not None:
+        return catalog.colour_slots()[info.name]
     unknown = sorted({b for b in map(_base, [*among, base]) if _declared_order(b) is None})
     return _unknown_from() + unknown.index(base)
 

@@ -83,7 +83,8 @@ def summary(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str) -> pd.DataFr
                      "iteration (ms), 95% CI": _ci(t["iter_time_s"] * 1e3, t["ci_low"] * 1e3, t["ci_high"] * 1e3,
                                                    ".0f"),
                      f"speedup over {baseline}, 95% CI": speed, "blocked on gradients": f"{wait:.0%}",
-                     "efficiency": f"{grp['efficiency'].mean():.2f}" if grp["efficiency"].notna().any() else "–",
+                     "efficiency": f"{grp['efficiency'].mean():.2f}" if grp["efficiency"].notna().any() else
+                                   "no bound" if _no_bound(grp) else "–",
                      "fidelity passed": f"{int((fid == True).sum())}/{int(fid.notna().sum())}"  # noqa: E712
                                         if fid.notna().any() else "not judged",
                      "_sort": order.index(t["scheduler"])})
@@ -91,6 +92,17 @@ def summary(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str) -> pd.DataFr
     # Configurations in sweep order, schedulers in the canonical order within each
     df["_cfg"] = df["configuration"].map({c: i for i, c in enumerate(dict.fromkeys(times["config"]))})
     return df.sort_values(["_cfg", "_sort"]).drop(columns=["_cfg", "_sort"])
+
+
+def _model_text(m: str) -> str:
+    if m in bounds_mod.MODELS:
+        return bounds_mod.MODELS[m].description
+    return bounds_mod.NO_BOUND_TEXT if m == bounds_mod.NO_BOUND else m
+
+
+def _no_bound(grp: pd.DataFrame) -> bool:
+    """Every run of the group is of a scheduler that declares no bound model (bound model none)."""
+    return "bound_model" in grp and (grp["bound_model"] == bounds_mod.NO_BOUND).all()
 
 
 def _ms(values: pd.Series) -> str:
@@ -105,7 +117,7 @@ def _bounds(runs: pd.DataFrame) -> list[str]:
            f"carry: {bounds_mod.PAYLOAD_FRACTION:.4f} of their rate (MSS 1448 bytes in a 1514-byte frame; iperf3 "
            "reaches 0.956). The models in this sweep:", ""]
     out += [f"- `{m}` ({', '.join(f'`{s}`' for s in plots.scheduler_order(scheds.unique()))}): "
-            f"{bounds_mod.MODELS[m].description if m in bounds_mod.MODELS else m}." for m, scheds in used]
+            f"{_model_text(m)}." for m, scheds in used]
     caps = runs["bound_capacity"].fillna("not computed").value_counts()
     out += ["", "The cut bound (`cut_bound_s`, `cut_efficiency`) is the same for every scheduler and needs no model: "
             + bounds_mod.MODELS[bounds_mod.CUT].description
@@ -119,7 +131,8 @@ def _bounds(runs: pd.DataFrame) -> list[str]:
         rows.append({"configuration": config, "scheduler": sched,
                      "bound model": ", ".join(grp["bound_model"].dropna().unique()) or "–",
                      "capacity": ", ".join(grp["bound_capacity"].fillna("not computed").unique()),
-                     "bound (ms)": _ms(grp["bound_s"]), "measured": basis, "efficiency": _mean(grp["efficiency"]),
+                     "bound (ms)": "no bound" if _no_bound(grp) else _ms(grp["bound_s"]), "measured": basis,
+                     "efficiency": "no bound" if _no_bound(grp) else _mean(grp["efficiency"]),
                      "cut bound (ms)": _ms(grp[["cut_bound_s", "compute_median_s"]].max(axis=1)),
                      "cut efficiency": _mean(grp["cut_efficiency"]),
                      "bound on configured rates (ms)": _ms(grp["bound_configured_s"]),

@@ -56,6 +56,9 @@ class RoleSpec(BaseModel):
     role: Role
     rank: int = Field(ge=0)  # index into `servers` or `workers`, by role
     iface: str = "lo"  # the role's interface (gloo must be told)
+    # plugins to load before the scheduler is created (schedulers/registry/plugins.py): files
+    # (their copies in the run directory) or module names; empty for the built-ins
+    plugins: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _rank_names_a_peer(self) -> RoleSpec:
@@ -81,18 +84,19 @@ class RoleSpec(BaseModel):
 
     def to_json(self) -> str:
         # json.dumps, not model_dump_json: the same text as the files written before this model
-        return json.dumps(self.model_dump(mode="json"), indent=1)
+        # (and so no `plugins` key where there are none)
+        return json.dumps(self.model_dump(mode="json", exclude=set() if self.plugins else {"plugins"}), indent=1)
 
 
 def role_specs(servers: Sequence[Address], workers: Sequence[Address], *, seed: int, scheduler: str,
                params: dict[str, Any], workload: dict[str, Any], out_dir: str | Path,
                topology: dict[str, Any] | None = None, connect_timeout_s: float = 60.0, trace: bool = False,
-               iface: str | None = None) -> list[RoleSpec]:
+               iface: str | None = None, plugins: Sequence[str] = ()) -> list[RoleSpec]:
     """The spec of every role of one job, servers first. `iface`: the interface of every
     role (`lo` on loopback); None gives each role its host's `<host>-eth0`, the name
-    Mininet gives a host's only interface."""
+    Mininet gives a host's only interface. `plugins`: what each role loads first."""
     common = dict(seed=seed, servers=list(servers), workers=list(workers),
                   scheduler=SchedulerChoice(name=scheduler, params=params), workload=workload, topology=topology,
-                  out_dir=str(out_dir), connect_timeout_s=connect_timeout_s, trace=trace)
+                  out_dir=str(out_dir), connect_timeout_s=connect_timeout_s, trace=trace, plugins=list(plugins))
     return [RoleSpec(**common, role=role, rank=rank, iface=iface or f"{a.host}-eth0")
             for role, peers in (("server", servers), ("worker", workers)) for rank, a in enumerate(peers)]

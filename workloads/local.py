@@ -38,14 +38,21 @@ def free_ports(n: int) -> list[int]:
 
 def run_job(workload: dict, out_dir: Path, workers: int = 1, scheduler: str = "fifo", params: dict | None = None,
             servers: int | None = None, seed: int = 0, timeout_s: float = 600, threads: int = 1,
-            trace: bool = False) -> list[dict]:
+            trace: bool = False, plugins: list[str] = ()) -> list[dict]:
+    """`plugins`: files or modules to load first (here and in every role), as a config's `plugins:`."""
     out_dir = Path(out_dir)
+    plugins = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins]
+    if plugins:
+        from schedulers.registry.plugins import load_plugins
+
+        load_plugins(plugins, Path.cwd())
     out_dir.mkdir(parents=True, exist_ok=True)
     if servers is None:
         servers = 1 if registry.SCHEDULERS[scheduler].Params.requires_servers else 0
     ports = [Address(host="lo", ip="127.0.0.1", port=p) for p in free_ports(servers + workers)]
     specs = role_specs(ports[:servers], ports[servers:], seed=seed, scheduler=scheduler, params=params or {},
-                       workload=workload, out_dir=out_dir, connect_timeout_s=30, iface="lo", trace=trace)
+                       workload=workload, out_dir=out_dir, connect_timeout_s=30, iface="lo", trace=trace,
+                       plugins=plugins)
     env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads),
            "PATH": "/usr/bin:/bin"}
     procs = []

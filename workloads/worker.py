@@ -140,9 +140,24 @@ def iteration_records(wl: WorkloadConfig, rank: int, steps: list[tuple[float, fl
     return records, layers
 
 
+def load_role_plugins(spec: RoleSpec, spec_path: str) -> None:
+    """The run's plugins (files copied into the run directory, or modules) registered before the
+    scheduler is created, so a plugin scheduler runs in the roles as a built-in does. A plugin
+    that fails here passed validation on the orchestrator's side: a CommError, one line."""
+    if not spec.plugins:
+        return
+    from schedulers.registry.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins(spec.plugins, Path(spec_path).resolve().parent)
+    except PluginError as e:
+        raise CommError(f"{spec.name}: loading its plugins: {e}") from None
+
+
 def main(spec_path: str) -> int:
     spec = RoleSpec.model_validate_json(Path(spec_path).read_text())
     rank, wl, out_dir = spec.rank, WorkloadConfig.model_validate(spec.workload), Path(spec.out_dir)
+    load_role_plugins(spec, spec_path)
     reporter = ProgressReporter(out_dir, spec.name).start()  # the orchestrator's watchdog reads it
     sched = registry.create(spec.scheduler.name, role_context(spec), spec.scheduler.params)
     trainer, data = make_trainer(wl, sched, rank, len(spec.workers), spec.seed)

@@ -121,8 +121,37 @@ def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path, wall: WallPl
         seed=exp.seed, scheduler=exp.scheduler, params=wall.scheduler_params, workload=wall.workload,
         topology=graph_to_json(capacity_graph(wall.net)), out_dir=out_dir,
         connect_timeout_s=wall.connect_timeout_s,  # the run's own timeout_s bounds everything anyway
-        trace=exp.trace)
+        trace=exp.trace, plugins=role_plugins(exp, Path(out_dir).parent))
     return [(s.name, s.address.host, s) for s in specs]
+
+
+def plugin_copies(exp: Experiment) -> list[tuple[Any, str | None]]:
+    """Each of the run's plugins with the name of its copy under the run's `plugins/` (None for
+    a module, which the roles import by name); a second file of the same name gets its index."""
+    taken: set[str] = set()
+    out: list[tuple[Any, str | None]] = []
+    for i, p in enumerate(exp.plugins):
+        name = None
+        if p.kind == "file":
+            name = Path(p.path or p.spec).name
+            name = f"{i}-{name}" if name in taken else name
+            taken.add(name)
+        out.append((p, name))
+    return out
+
+
+def role_plugins(exp: Experiment, run_dir: Path) -> list[str]:
+    """What the roles load before creating the scheduler: the copies in the run directory (the
+    code the run id hashed, even if the original changes meanwhile) or the modules' names."""
+    return [str(run_dir / "plugins" / name) if name else (p.module or p.spec) for p, name in plugin_copies(exp)]
+
+
+def _copy_plugins(exp: Experiment, run_dir: Path) -> None:
+    """The plugin files go with the run, as its config does."""
+    for p, name in plugin_copies(exp):
+        if name is not None:
+            (run_dir / "plugins").mkdir(exist_ok=True)
+            shutil.copyfile(p.path or p.spec, run_dir / "plugins" / name)
 
 
 def _last_line(path: Path) -> str:
@@ -267,8 +296,11 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     # What the registry says about the scheduler goes with the run (row and meta.json), so that
     # analysis of stored results needs no scheduler's code; not in config.yaml, not in the run id.
     declared = {} if exp.scheduler_info is None else {SCHEDULER_METADATA: exp.scheduler_info.model_dump(mode="json")}
-    write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment(), **declared},
-                                                 indent=2))
+    # Plugins' code is part of the run (and its id): their identities in meta.json, their files copied.
+    plugins = {"plugins": [p.model_dump(mode="json") for p in exp.plugins]} if exp.plugins else {}
+    write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment(), **declared,
+                                                  **plugins}, indent=2))
+    _copy_plugins(exp, run_dir)
 
     # Under time dilation the testbed runs `wall` (emu/config/dilation.py); every table and metric is
     # converted back to emulated time as it is collected. wall_s, bringup_s and teardown_s
