@@ -407,3 +407,20 @@ def fresh_os(c, full=False, keep=False, rebuild=False):
     failed = [s.name for s in done if not s.ok]
     if failed:
         raise Exit(f"error: fresh-os: {', '.join(failed)} failed (output above)", code=1)
+
+
+@task(name="check-scheduler",
+      help={"name": "a registered scheduler's name (./inv check-scheduler fifo)",
+            "loopback_only": "skip the run on the demo network (which needs root)",
+            "results": "results root for the demo run (default: a temporary directory, removed after)"})
+def check_scheduler(c, name, loopback_only=False, results=None):
+    """Is a scheduler correct? Averages against a reference at 1-8 workers, a dead peer named,
+    nothing left by close(), then one run on the demo network (docs/writing-a-scheduler.md)."""
+    from conformance.command import BadInput, main
+
+    try:
+        code = main(name, loopback_only=loopback_only, results=results)
+    except BadInput as e:
+        raise Exit(f"error: {e}", code=2) from None
+    if code:
+        raise Exit(code=code)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from conformance.reference import SIZES, gradient, tensor_set  # noqa: F401 - tests import them from here
 from schedulers import registry
 from schedulers.core.base import CommError, Endpoint, RoleContext, TensorSpec
 from schedulers.ps.server import ParameterServer
@@ -32,8 +33,6 @@ from tests.conftest import REPO
 from tests.factories import star_links
 from workloads.local import free_ports
 
-# Tiny, odd-sized, multi-partition and (below) huge tensors; each test adds random ones.
-SIZES = [1, 7, 1000, 4099, 30_001]
 # Small partitions, buckets and chunks, so that the small test tensors still span many.
 SMALL_PARTS = {
     "bytescheduler": {"partition_numel": 1024, "credit_numel": 4096},
@@ -42,20 +41,6 @@ SMALL_PARTS = {
 }
 ONE_WORKER_PER_PROCESS = {"gloo"}  # torch.distributed: one default process group per process
 TIMEOUT_S = 60
-
-
-def tensor_set(seed: int, extra: int = 3, big: int = 0) -> list[int]:
-    """SIZES plus `extra` random odd sizes and, if `big`, one tensor of about that many."""
-    rng = np.random.default_rng(seed)
-    sizes = SIZES + [int(n) | 1 for n in rng.integers(2, 50_000, extra)]
-    if big:
-        sizes.append(big + int(rng.integers(0, 1000)) | 1)
-    return sizes
-
-
-def gradient(seed: int, it: int, rank: int, key: int, numel: int) -> np.ndarray:
-    """Worker `rank`'s gradient of `key` in iteration `it`: any process can recompute it."""
-    return np.random.default_rng([seed, it, rank, key]).standard_normal(numel, dtype=np.float32)
 
 
 def drive(name: str, params: dict, ctx: RoleContext, sizes: list[int], iterations: int, seed: int,

@@ -1,0 +1,46 @@
+"""The conformance check's loopback part (conformance/checks.py) on every built-in scheduler:
+averages at 1, 2, 3 and 8 workers against the reference, a dead peer named, nothing left by
+close(); and what the command says for bad input and a failing check. Real role processes
+over 127.0.0.1 (conformance/jobs.py)."""
+from __future__ import annotations
+
+import pytest
+
+from conformance import checks
+from conformance.table import render
+from schedulers import registry
+from tests.conftest import invoke
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(registry.SCHEDULERS))
+def test_builtin_passes_the_loopback_checks(name, tmp_path):
+    rows = checks.loopback(name, work_dir=tmp_path)
+    assert [r.check for r in rows][-2:] == ["dead peer", "close()"]
+    assert len(rows) == len(checks.CASES) + 2
+    failed = [r for r in rows if not r.passed]
+    assert not failed, render(name, rows)
+
+
+def test_wrong_params_fail_the_averages_row_with_the_reason(tmp_path):
+    """A job that cannot run (here: params the scheduler rejects) is a failed row naming the
+    role and its error, not an exception out of the check."""
+    row, answers = checks.averages("ring", {"no_such_key": 1}, 2, 0, tmp_path)
+    assert not row.passed and answers == []
+    assert "worker0" in row.detail and "no_such_key" in row.detail, row.detail
+
+
+def test_unknown_scheduler_is_one_error_line():
+    r = invoke("check-scheduler", "no-such-scheduler", "--loopback-only", timeout=60)
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown scheduler 'no-such-scheduler'"), r.stderr
+
+
+@pytest.mark.slow
+def test_command_prints_the_table_and_exits_0(tmp_path):
+    r = invoke("check-scheduler", "mercury", "--loopback-only", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "averages 8w 4s" in r.stdout and "mercury: all 6 checks passed" in r.stdout, r.stdout
+    assert "skipped (--loopback-only)" in r.stdout
+    assert "[5/5] a dead peer" in r.stderr  # progress, as each check starts
