@@ -66,7 +66,9 @@ _LOADED: dict[tuple[str, str], PluginInfo] = {}  # (kind, resolved path or modul
 def load_plugins(specs: list[str], base_dir: Path, where: str = "plugins") -> list[PluginInfo]:
     """Import each plugin and register its schedulers. A file loaded before, unchanged, is not
     imported again (its schedulers stay registered); a file that changed is imported again and
-    replaces its own schedulers. Errors: PluginError, `<where>[i]: ...`."""
+    replaces its own schedulers. Errors: PluginError, `<where>[i]: ...`, and then nothing of
+    the list stays registered (the registry is as it was)."""
+    saved = [(d, dict(d)) for d in (registry.SCHEDULERS, registry.SOURCES, registry.PLUGIN_SPECS, _LOADED)]
     out = []
     for i, spec in enumerate(specs):
         try:
@@ -74,6 +76,9 @@ def load_plugins(specs: list[str], base_dir: Path, where: str = "plugins") -> li
                 raise PluginError(f"must be a Python file or a module name, got {spec!r}")
             out.append(_load_one(spec, Path(base_dir)))
         except PluginError as e:
+            for d, before in saved:
+                d.clear()
+                d.update(before)
             raise PluginError(f"{where}[{i}]: {e}") from None
     return out
 
@@ -93,6 +98,7 @@ def _load_one(spec: str, base_dir: Path) -> PluginInfo:
         key = ("file", str(path))
         known = _LOADED.get(key)
         if known is not None and known.sha256 == sha:
+            registry.PLUGIN_SPECS.update({n: spec for n in known.names})  # infos() name it as asked now
             return known.model_copy(update={"spec": spec})
         module = _import_file(spec, path, sha)
         info = PluginInfo(spec=spec, kind="file", names=(), sha256=sha, path=str(path))

@@ -1,0 +1,4 @@
+"""A plugin that defines no Scheduler subclass (it only imports the base)."""
+from schedulers.api import Scheduler
+
+HELPER = Scheduler
