@@ -410,17 +410,19 @@ def fresh_os(c, full=False, keep=False, rebuild=False):
 
 
 @task(name="check-scheduler",
-      help={"name": "a registered scheduler's name (./inv check-scheduler fifo)",
+      help={"name": "the scheduler's name (./inv check-scheduler fifo)",
+            "plugin": "a Python file defining it (a plugin, as a config's plugins: names one)",
             "loopback_only": "skip the run on the demo network (which needs root)",
             "results": "results root for the demo run (default: a temporary directory, removed after)"})
-def check_scheduler(c, name, loopback_only=False, results=None):
+def check_scheduler(c, name, plugin=None, loopback_only=False, results=None):
     """Is a scheduler correct? Averages against a reference at 1-8 workers, a dead peer named,
     nothing left by close(), then one run on the demo network (docs/writing-a-scheduler.md)."""
     from conformance.command import BadInput, main
+    from emu.config.experiment import ConfigError
 
     try:
-        code = main(name, loopback_only=loopback_only, results=results)
-    except BadInput as e:
+        code = main(name, _sections, plugin=plugin, loopback_only=loopback_only, results=results)
+    except (BadInput, ConfigError) as e:
         raise Exit(f"error: {e}", code=2) from None
     if code:
         raise Exit(code=code)

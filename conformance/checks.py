@@ -53,11 +53,13 @@ def _failure(out: jobs.Outcome, out_dir: Path) -> str | None:
     return None
 
 
-def averages(name: str, params: dict, workers: int, servers: int, tmp: Path) -> tuple[Row, list[dict]]:
+def averages(name: str, params: dict, workers: int, servers: int, tmp: Path,
+             plugins: list[str] = ()) -> tuple[Row, list[dict]]:
     """One averages job; its row and the workers' answers (their leak counts)."""
     servers = _servers(name, servers)
     seed = 7 * workers + servers
-    job = jobs.Job(name, params, workers, servers, tensor_set(seed, big=HUGE), ITERATIONS, seed=seed)
+    job = jobs.Job(name, params, workers, servers, tensor_set(seed, big=HUGE), ITERATIONS, seed=seed,
+                   plugins=list(plugins))
     out_dir = tmp / f"avg-{workers}w{servers}s"
     out = jobs.run(job, out_dir)
     label = f"averages {workers}w" + (f" {servers}s" if servers else "")
@@ -72,10 +74,10 @@ def averages(name: str, params: dict, workers: int, servers: int, tmp: Path) -> 
     return Row(label, f"{first['max_abs_error']:.1e} max abs error, {out.wall_s:.1f} s", not apart, detail), out.workers
 
 
-def dead_peer(name: str, params: dict, tmp: Path) -> Row:
+def dead_peer(name: str, params: dict, tmp: Path, plugins: list[str] = ()) -> Row:
     """Worker DEAD_RANK of 3 dies in the last iteration; every survivor must fail naming it."""
     job = jobs.Job(name, params, 3, _servers(name, 2), tensor_set(3, big=0), 2, seed=3, stop_after={DEAD_RANK: 1},
-                   timeout_s=DEAD_PEER_S + 20)
+                   timeout_s=DEAD_PEER_S + 20, plugins=list(plugins))
     out = jobs.run(job, tmp / "dead-peer")
     died = out.workers[DEAD_RANK]
     if died is None or "died_at" not in died:
@@ -108,17 +110,18 @@ def close_leaks(answers: list[dict]) -> Row:
 
 
 def loopback(name: str, params: dict | None = None, progress: Callable[[str], None] = lambda s: None,
-             work_dir: Path | None = None) -> list[Row]:
-    """Every loopback check of one scheduler, in order; `progress` hears each as it starts."""
+             work_dir: Path | None = None, plugins: list[str] = ()) -> list[Row]:
+    """Every loopback check of one scheduler, in order; `progress` hears each as it starts.
+    `plugins`: absolute paths (or modules) defining the scheduler, loaded by every role."""
     params = params or {}
     with tempfile.TemporaryDirectory(prefix=f"check-{name}-", dir=work_dir) as tmp:
         rows, answers = [], []
         for i, (w, s) in enumerate(CASES):
             progress(f"[{i + 1}/{len(CASES) + 1}] averages with {w} worker(s)")
-            row, got = averages(name, params, w, s, Path(tmp))
+            row, got = averages(name, params, w, s, Path(tmp), plugins)
             rows.append(row)
             answers += got
         progress(f"[{len(CASES) + 1}/{len(CASES) + 1}] a dead peer")
-        rows.append(dead_peer(name, params, Path(tmp)))
+        rows.append(dead_peer(name, params, Path(tmp), plugins))
         rows.append(close_leaks(answers))
     return rows

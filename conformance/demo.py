@@ -8,6 +8,7 @@ collective scheduler keeps the demo's workers and drops its server.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +23,6 @@ from emu.run.results import update_runs
 from emu.sweeps.sweep import run_plan
 from emu.testbed import preflight
 from schedulers import registry
-from workloads.config import WorkloadConfig
 from workloads.local import REPO
 
 DEMO = REPO / "configs" / "demo.yaml"
@@ -38,21 +38,21 @@ def config(name: str, extra: dict | None = None) -> dict:
     return raw
 
 
-def run(name: str, results: Path, extra: dict | None = None, config_dir: Path | None = None) -> list[Row]:
+def run(name: str, results: Path, sections: Callable[[], Sections], plugins: list[str] = ()) -> list[Row]:
     """Run the demo with `name` into `results`; the verdict's and the efficiency's rows.
-    `config_dir`: where the config is written (relative plugin paths resolve from there)."""
+    `sections`: what validates a config (tasks.py's, which loads a config's `plugins:`);
+    `plugins`: absolute paths, the config's `plugins:` (so the roles in the hosts load them)."""
     results.mkdir(parents=True, exist_ok=True)
-    path = (config_dir or results) / f"check-{name}.yaml"
-    path.write_text(yaml.safe_dump(config(name, extra), sort_keys=False))
-    infos = registry.infos()
+    path = results / f"check-{name}.yaml"
+    path.write_text(yaml.safe_dump(config(name, {"plugins": list(plugins)} if plugins else None), sort_keys=False))
     try:
-        plan = load_plan(path, Sections(workload=WorkloadConfig, schedulers=registry.params_models(), infos=infos))
+        plan = load_plan(path, sections())
         preflight.check(plan)
         rows = run_plan(plan, results, force=True)
     except ConfigError as e:
         return [Row("mininet run", "-", False, f"the demo config with {name}: {e}")]
     sweep_dir = results / plan.name
-    catalog.install(infos)
+    catalog.install(registry.infos())
     update_runs(sweep_dir, lambda runs: annotate(runs, sweep_dir))
     row = pd.read_parquet(sweep_dir / "runs.parquet").set_index("run_id").loc[rows[-1]["run_id"]]
     return judge(row, sweep_dir)

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from emu.config.capacity import capacity_graph, graph_to_json
@@ -26,7 +26,8 @@ SERVER_GRACE_S = 5.0  # how long servers may serve on once every worker has exit
 
 @dataclass
 class Job:
-    """What one job runs: a scheduler and its params, how many roles, which tensors, how long.
+    """What one job runs: a scheduler and its params, how many roles, which tensors, how long,
+    and the plugins that define the scheduler (loaded in every role, as a run's roles do).
     `stop_after`: rank -> gradients of the last iteration that worker pushes before it dies."""
 
     name: str
@@ -38,6 +39,7 @@ class Job:
     seed: int = 0
     stop_after: dict[int, int] | None = None
     timeout_s: float = 120.0
+    plugins: list[str] = field(default_factory=list)  # absolute plugin files (or modules) each role loads
 
 
 @dataclass
@@ -64,7 +66,8 @@ def specs(job: Job, out_dir: Path) -> list[dict]:
     wends = [{"host": f"w{r}", "ip": "127.0.0.1", "port": p} for r, p in enumerate(ports[servers:])]
     common = {"name": job.name, "params": job.params, "servers": sends, "workers": wends,
               "topology": topology([e["host"] for e in sends + wends]), "sizes": job.sizes,
-              "iterations": job.iterations, "seed": job.seed, "connect_timeout_s": CONNECT_TIMEOUT_S}
+              "iterations": job.iterations, "seed": job.seed, "connect_timeout_s": CONNECT_TIMEOUT_S,
+              "plugins": job.plugins}
     roles = [("server", s) for s in range(servers)] + [("worker", r) for r in range(job.workers)]
     return [{**common, "role": role, "rank": rank, "out": str(out_dir / f"{role}{rank}.json"),
              "stop_after": (job.stop_after or {}).get(rank) if role == "worker" else None} for role, rank in roles]

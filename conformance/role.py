@@ -121,9 +121,28 @@ def server(spec: dict) -> dict:
     return {"error": None}
 
 
+def load_plugins(spec: dict, spec_path: Path) -> str | None:
+    """The plugins that define the scheduler, registered before anything else, as in a run's
+    roles (workloads/worker.py); the error, if one does not load."""
+    if not spec.get("plugins"):
+        return None
+    from schedulers.registry.plugins import PluginError
+    from schedulers.registry.plugins import load_plugins as load
+
+    try:
+        load(spec["plugins"], spec_path.resolve().parent)
+    except PluginError as e:
+        return f"PluginError: {e}"
+    return None
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
-    answer(spec, worker(spec) if spec["role"] == "worker" else server(spec))
+    failed = load_plugins(spec, Path(argv[0]))
+    if failed:
+        answer(spec, {"error": failed, "failed_at": time.time()})
+    else:
+        answer(spec, worker(spec) if spec["role"] == "worker" else server(spec))
     return 0
 
 
