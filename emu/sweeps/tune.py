@@ -188,6 +188,13 @@ def _settings(plan: Plan, scheduler: str, name: str | None, sections: Sections
     return list(out.values())
 
 
+def _with_plan_plugins(plan: Plan, sections: Sections) -> Sections:
+    """The sections with the schedulers of the plan's plugins (its config's `plugins:`), so that a
+    plugin's scheduler is tuned like a built-in one."""
+    specs = list(dict.fromkeys(p.spec for e in plan.experiments for p in e.plugins if p.kind != "entry_point"))
+    return sections.with_plugins(specs, plan.paths_from) if specs and sections.with_plugins else sections
+
+
 def prepare(config: str | Path, scheduler: str | None, budget: Any, sections: Sections, overrides: list[str] = (),
             point: Any = None, name: str | None = None, seed: Any = 0, sampler: str = "tpe",
             max_minutes: Any = None, results_root: Path | None = None, command: str = "") -> TuneSpec:
@@ -195,9 +202,13 @@ def prepare(config: str | Path, scheduler: str | None, budget: Any, sections: Se
     A config whose grid holds several network settings needs `point`: which one (0-based, in
     the plan's order, settings that differ only in the scheduler counted once). With
     `results_root`, a study already there must be of this request (it is then resumed)."""
+    plan = None
+    if scheduler and sections.schedulers and scheduler not in sections.schedulers:  # a plugin's? the config says
+        plan = load_plan(config, sections, list(overrides))
+        sections = _with_plan_plugins(plan, sections)
     n, cap, seed_ = _check_request(scheduler, budget, sampler, max_minutes, seed, sections)
     i = None if point is None else _integer(point, "--point", 0, MAX_RUNS - 1)
-    plan = load_plan(config, sections, list(overrides))
+    plan = plan or load_plan(config, sections, list(overrides))
     default_name = f"{plan.name}-tune-{scheduler}" + (f"-{i}" if i is not None else "")
     settings = _settings(plan, scheduler, name or default_name[:64], sections)
     if i is None and len(settings) > 1:

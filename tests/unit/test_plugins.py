@@ -236,3 +236,18 @@ def test_a_plugin_whose_display_order_clashes_gets_a_colour_of_its_own():
     colours = {plots._colour(i.display_name) for i in catalog.infos().values()}
     assert len(colours) == len(slots)
     assert plots.scheduler_order(["all-to-all", "fifo"]) == ["fifo", "all-to-all"]
+
+
+def test_a_plugins_scheduler_is_tuned_like_a_built_in(tmp_path):
+    from emu.sweeps import tune
+
+    plugin = tmp_path / "tuned.py"
+    plugin.write_text(ALLTOALL.read_text().replace("    requires_servers = False\n", (
+        "    requires_servers = False\n    chunk: int = 4\n")).replace('    display_name = "all-to-all"\n', (
+        '    display_name = "all-to-all"\n    tuning = (TuneDim(name="chunk", param="chunk", low=1, high=64, '
+        'integer=True, about="elements per chunk"),)\n')).replace(
+        "from schedulers.api import CommError", "from schedulers.api import CommError, TuneDim"))
+    spec = tune.prepare(_config(tmp_path, ["tuned.py"]), "alltoall", 2, tasks._sections())
+    assert [d.name for d in spec.dims] == ["chunk"]
+    trial = spec.experiment({"chunk": 16})
+    assert trial.scheduler_params == {"chunk": 16} and [p.spec for p in trial.plugins] == ["tuned.py"]
