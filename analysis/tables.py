@@ -32,7 +32,10 @@ class NoResults(LookupError):
 # refuse them, and both train the same workers on the same network. A `label` names a variant
 # of the scheduler (e.g. its tuned tunables).
 def _not_configuration(key: str) -> bool:
-    return key in ("scheduler", "seed", "schedulers", "roles.servers", "label") or key.startswith("schedulers.")
+    """Keys that tell treatments of one configuration apart, not configurations: the scheduler,
+    its tunables and servers, the seed, the label, and the plugins (whose code is a scheduler's)."""
+    return key in ("scheduler", "seed", "schedulers", "roles.servers", "label", "plugins") or \
+        key.startswith("schedulers.")
 
 
 # What repeats of one treatment differ in: the seed, and the repeat index (not a config key).

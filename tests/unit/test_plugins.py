@@ -251,3 +251,12 @@ def test_a_plugins_scheduler_is_tuned_like_a_built_in(tmp_path):
     assert [d.name for d in spec.dims] == ["chunk"]
     trial = spec.experiment({"chunk": 16})
     assert trial.scheduler_params == {"chunk": 16} and [p.spec for p in trial.plugins] == ["tuned.py"]
+
+
+def test_plugins_make_treatments_not_configurations():
+    """A plugin scheduler's runs compare with the built-ins' on the same network, whichever sweep they are in."""
+    from analysis import tables
+
+    cfg = {"topology.kind": "star", "scheduler": "alltoall", "plugins": [{"spec": "mine.py", "sha256": "0" * 64}]}
+    plain = {"topology.kind": "star", "scheduler": "ring"}
+    assert tables._config_ident(None, [], cfg) == tables._config_ident(None, [], plain)
