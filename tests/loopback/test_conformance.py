@@ -38,9 +38,19 @@ def test_unknown_scheduler_is_one_error_line():
 
 
 @pytest.mark.slow
-def test_command_prints_the_table_and_exits_0(tmp_path):
-    r = invoke("check-scheduler", "mercury", "--loopback-only", timeout=120)
+def test_tutorial_plugin_passes_through_the_command():
+    """docs/writing-a-scheduler.md's command on its example, the plugin given by path (loaded in
+    every role process): the table, progress as each check starts, exit 0."""
+    r = invoke("check-scheduler", "tree", "--plugin", "examples/schedulers/tree.py", "--loopback-only", timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "averages 8w 4s" in r.stdout and "mercury: all 6 checks passed" in r.stdout, r.stdout
+    assert "averages 8w " in r.stdout and "tree: all 6 checks passed" in r.stdout, r.stdout
     assert "skipped (--loopback-only)" in r.stdout
-    assert "[5/5] a dead peer" in r.stderr  # progress, as each check starts
+    assert "[5/5] a dead peer" in r.stderr
+
+
+def test_plugin_that_fails_to_load_is_one_error_line():
+    r = invoke("check-scheduler", "x", "--plugin", "tests/data/plugins/broken_import.py", "--loopback-only",
+               timeout=60)
+    assert r.returncode == 2, r
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --plugin[0]: ") and "broken_import.py:" in lines[0], r.stderr
