@@ -9,7 +9,7 @@ import pytest
 from conformance import checks
 from conformance.table import render
 from schedulers import registry
-from tests.conftest import invoke
+from tests.conftest import REPO, invoke
 
 
 @pytest.mark.slow
@@ -54,3 +54,13 @@ def test_plugin_that_fails_to_load_is_one_error_line():
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --plugin[0]: ") and "broken_import.py:" in lines[0], r.stderr
+
+
+def test_the_tutorials_commands_are_the_ones_the_suite_runs():
+    """docs/writing-a-scheduler.md's commands, exactly: the check (here and in
+    tests/mininet/test_conformance_mininet.py), the sweep and the report (there)."""
+    text = (REPO / "docs" / "writing-a-scheduler.md").read_text()
+    lines = [ln.strip() for ln in text.splitlines()]
+    commands = [ln.removeprefix("sudo ") for ln in lines if ln.startswith(("./inv", "sudo "))]
+    assert commands == ["./inv check-scheduler tree --plugin examples/schedulers/tree.py",
+                        "./inv sweep examples/tree_sweep.yaml", "./inv report results/tree-vs-builtins"], commands
