@@ -64,3 +64,28 @@ def test_the_tutorials_commands_are_the_ones_the_suite_runs():
     commands = [ln.removeprefix("sudo ") for ln in lines if ln.startswith(("./inv", "sudo "))]
     assert commands == ["./inv check-scheduler tree --plugin examples/schedulers/tree.py",
                         "./inv sweep examples/tree_sweep.yaml", "./inv report results/tree-vs-builtins"], commands
+
+
+@pytest.fixture
+def clean_registry(monkeypatch):
+    """A plugin loaded in this process registers globally: the built-ins alone again after."""
+    from schedulers.registry import plugins
+
+    monkeypatch.setattr(registry, "SCHEDULERS", dict(registry.SCHEDULERS))
+    monkeypatch.setattr(registry, "SOURCES", {})
+    monkeypatch.setattr(registry, "PLUGIN_SPECS", {})
+    monkeypatch.setattr(plugins, "_LOADED", {})
+
+
+@pytest.mark.slow
+def test_tutorial_plugin_trains_like_ring(tmp_path, clean_registry):
+    """The tutorial's plugin in real worker processes (workloads.worker loads it from the role
+    spec): two workers train the tiny CNN to the same bits as through ring, where every scheme
+    adds the same two numbers."""
+    from workloads.local import run_job
+
+    workload = {"model": "cnn", "preset": "tiny", "iterations": 4, "batch_size": 8}
+    sums = {name: {r["summary"]["checksum"] for r in run_job(workload, tmp_path / name, workers=2, scheduler=name,
+                                                             plugins=plugins, timeout_s=120)}
+            for name, plugins in (("tree", [str(REPO / "examples/schedulers/tree.py")]), ("ring", []))}
+    assert len(sums["tree"]) == 1 and sums["tree"] == sums["ring"], sums
