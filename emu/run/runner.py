@@ -56,7 +56,7 @@ from emu.testbed.netlink import NetlinkError
 from emu.testbed.network import NetworkError, Testbed
 from emu.testbed.shaping import Shaper
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SERVER_PORT = 29500  # server i listens on SERVER_PORT + i
 WORKER_PORT = 29600  # worker i listens for its peers on WORKER_PORT + i
 SYSCTLS = ["net.core.rmem_max", "net.core.wmem_max", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",

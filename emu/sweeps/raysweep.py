@@ -40,7 +40,7 @@ from emu.sweeps.sweep import outcome, plan_runs, point_columns, run_label
 from emu.testbed import preflight
 from emu.testbed.cleanup import StateDir, alive, start_time
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESOURCE = "emu"  # the custom resource a node offers once: {"emu": 1}
 MAX_RETRIES = 3  # attempts after a node or worker is lost (an error inside a run is a failed row, not a retry)
 CANCEL_GRACE_S = 60  # after Ctrl-C, how long cancelled runs get to tear their networks down

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from emu.testbed.cleanup import STATE_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SUITE = "bookworm"
 VARIANT = "minbase"
 # What the README asks of a machine: Debian 12 with Python 3.11 (every Debian 12 installation

@@ -47,3 +47,13 @@ def test_no_file_cites_an_issue_number():
         hits += [f"{name}:{i}: {line.strip()[:100]}" for i, line in enumerate(text.splitlines(), 1)
                  if pattern.search(line)]
     assert not hits, "lines citing an issue number:\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("module", ["emu.run.runner", "emu.sweeps.raysweep", "emu.testbed.freshos", "workloads.config",
+                                    "workloads.local", "tasks"])
+def test_a_modules_repo_is_the_repository_root(module):
+    """Roles are launched with cwd and PYTHONPATH at REPO, Ray ships REPO, the fresh OS copies it:
+    a module moved one package deeper must still find the root."""
+    import importlib
+
+    assert importlib.import_module(module).REPO == REPO
