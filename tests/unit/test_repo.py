@@ -4,6 +4,8 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
+
 from tests.conftest import REPO
 
 
