@@ -3,7 +3,9 @@
 It goes through the normal run path (load_plan, preflight, run_plan, bounds), so the run is
 a row like any other, in `results/<root>/check-<name>/`; its row gives the fidelity verdict
 and, where the scheduler declares a bound model, the efficiency ("no bound" otherwise). A
-collective scheduler keeps the demo's workers and drops its server.
+collective scheduler keeps the demo's workers and drops its server. The workers replay the
+demo model's compute profile (profiles/cnn-small.json) instead of training: the verdict then
+judges the scheduler's own use of the CPU, not two trainings sharing this machine's cores.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def config(name: str, extra: dict | None = None) -> dict:
     raw = read_yaml(DEMO)
     raw.pop("grid", None)
     raw.update(name=f"check-{name}", scheduler=name, **(extra or {}))
+    raw["workload"] = {**raw["workload"], "compute": "replay"}
     if not registry.SCHEDULERS[name].Params.requires_servers:
         raw["roles"] = {"servers": [], "workers": raw["roles"]["workers"]}
     return raw
