@@ -15,6 +15,7 @@ from tests.loopback_jobs import run_job, tensor_set
 from workloads.local import run_job as run_training
 
 ALLTOALL = REPO / "tests" / "data" / "plugins" / "alltoall.py"
+PS_FIFO = REPO / "tests" / "data" / "plugins" / "ps_fifo.py"
 
 
 @pytest.fixture(autouse=True)
@@ -41,3 +42,16 @@ def test_worker_processes_load_the_plugin_and_train_as_with_ring(tmp_path):
     sums = {r["summary"]["checksum"] for r in mine}
     assert sums == {r["summary"]["checksum"] for r in ring} and len(sums) == 1
     assert '"plugins"' in (tmp_path / "alltoall" / "worker0.spec.json").read_text()
+
+
+@pytest.mark.slow  # two training jobs of real processes, with a server each
+def test_a_parameter_server_plugin_is_served_by_the_built_in_server(tmp_path):
+    """A PS-family plugin (the built-in server's mode, declared by its class): the server process
+    loads the plugin from its spec to learn the mode, and training equals fifo's to the bit."""
+    workload = {"model": "cnn", "preset": "tiny", "iterations": 3, "batch_size": 8}
+    mine = run_training(workload, tmp_path / "plugin", workers=2, scheduler="plugin_fifo", plugins=[str(PS_FIFO)],
+                        timeout_s=120)
+    fifo = run_training(workload, tmp_path / "fifo", workers=2, scheduler="fifo", timeout_s=120)
+    sums = {r["summary"]["checksum"] for r in mine}
+    assert sums == {r["summary"]["checksum"] for r in fifo} and len(sums) == 1
+    assert '"plugins"' in (tmp_path / "plugin" / "server0.spec.json").read_text()
