@@ -117,9 +117,10 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
         plan = load_plan(config, _sections(), overrides)
         shard_ = _parse_shard(shard)
         if ray is not None:
-            from emu.sweeps.raysweep import parse_address
+            from emu.sweeps.raysweep import parse_address, refuse_plugins
 
             ray = parse_address(ray)
+            refuse_plugins(plan)
         remote = ray not in (None, "local")  # the cluster's nodes check and run the networks, not this machine
         if not remote:
             preflight.check(plan)

@@ -260,3 +260,15 @@ def test_plugins_make_treatments_not_configurations():
     cfg = {"topology.kind": "star", "scheduler": "alltoall", "plugins": [{"spec": "mine.py", "sha256": "0" * 64}]}
     plain = {"topology.kind": "star", "scheduler": "ring"}
     assert tables._config_ident(None, [], cfg) == tables._config_ident(None, [], plain)
+
+
+def test_a_ray_sweep_with_plugins_is_refused_in_one_line(tmp_path):
+    """Plugin files are not shipped to a Ray cluster's nodes yet: refused before anything starts."""
+    results = tmp_path / "results"
+    r = subprocess.run([str(REPO / "inv"), "sweep", str(_config(tmp_path, [str(ALLTOALL)])), "--ray", "local",
+                        "--results", str(results)], capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("error: plugins: not supported with --ray yet (plugin files are not shipped to the "
+                                "cluster's nodes); run this sweep without --ray"), r.stderr
+    assert not results.exists()
