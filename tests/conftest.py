@@ -85,10 +85,16 @@ def worker_progress(results: Path, sweep: str, worker: str = "worker1") -> int:
     return best
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT as a terminal's shell leaves it: a suite started in the background (`cmd &`, where the
+    shell ignores SIGINT, and exec keeps what is ignored) would otherwise start runs deaf to Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def invoke_popen(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_as_from_a_terminal)
 
 
 class Procs(list):
