@@ -30,6 +30,7 @@ def test_wrong_params_fail_the_averages_row_with_the_reason(tmp_path):
     assert "worker0" in row.detail and "no_such_key" in row.detail, row.detail
 
 
+@pytest.mark.slow  # a CLI or timing subprocess: about a second
 def test_unknown_scheduler_is_one_error_line():
     r = invoke("check-scheduler", "no-such-scheduler", "--loopback-only", timeout=60)
     assert r.returncode == 2, r
@@ -48,6 +49,7 @@ def test_tutorial_plugin_passes_through_the_command():
     assert "[5/5] a dead peer" in r.stderr
 
 
+@pytest.mark.slow  # a CLI or timing subprocess: about a second
 def test_plugin_that_fails_to_load_is_one_error_line():
     r = invoke("check-scheduler", "x", "--plugin", "tests/data/plugins/broken_import.py", "--loopback-only",
                timeout=60)

@@ -82,6 +82,7 @@ def test_accept_timeout_names_every_missing_peer():
     dialer["value"].close()
 
 
+@pytest.mark.slow  # a CLI or timing subprocess: about a second
 def test_anonymous_peers_are_counted_and_the_deadline_restarts_per_peer():
     """The parameter server: it names no worker it has not heard from, and each worker gets
     timeout_s from the one before."""

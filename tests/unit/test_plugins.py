@@ -118,6 +118,7 @@ def test_two_plugins_with_one_name_clash(tmp_path):
     assert text.startswith("plugins[1]: ") and "'alltoall'" in text and str(ALLTOALL) in text
 
 
+@pytest.mark.slow  # a CLI or timing subprocess: about a second
 def test_the_cli_prints_one_line_and_exits_2_creating_nothing(tmp_path):
     results = tmp_path / "results"
     r = subprocess.run([str(REPO / "inv"), "run", str(_config(tmp_path, [str(DATA / "clash.py")])), "--results",
@@ -262,6 +263,7 @@ def test_plugins_make_treatments_not_configurations():
     assert tables._config_ident(None, [], cfg) == tables._config_ident(None, [], plain)
 
 
+@pytest.mark.slow  # a CLI or timing subprocess: about a second
 def test_a_ray_sweep_with_plugins_is_refused_in_one_line(tmp_path):
     """Plugin files are not shipped to a Ray cluster's nodes yet: refused before anything starts."""
     results = tmp_path / "results"
