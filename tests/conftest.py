@@ -91,6 +91,16 @@ def _as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def inv(*args: str, env: dict | None = None, user: str | None = None, timeout: float = 300):
+    """`./inv ARGS` as a user runs it, through the bootstrap wrapper; `user`: as that user (setpriv)."""
+    cmd = [str(REPO / "inv"), *args]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}", "--clear-groups",
+               *cmd]
+    return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
 def invoke_popen(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,

@@ -157,3 +157,20 @@ def synthetic_profile(layers, model="cnn", preset="tiny", batch_size=32, lead=0.
         warmup=1, iterations=1, created="test", clock="wall", iteration_s=0.0, forward_lead_s=lead,
         backward_tail_s=tail,
         layers=out_layers, tensors=tensors, grad_bytes=4 * sum(n for _, ts in layers for n, _ in ts))
+
+
+def no_network(monkeypatch, runner) -> None:
+    """`runner.run_one` without Mininet: the testbed fails to start, as a machine without one would,
+    so a test sees what a run records before its network (the row's start, meta.json)."""
+    from emu.testbed.network import NetworkError
+
+    class NoNetwork:
+        def __init__(self, *a, **kw): ...
+
+        def __enter__(self):
+            raise NetworkError("no network in a unit test")
+
+        def __exit__(self, *exc): ...
+
+    monkeypatch.setattr(runner, "Testbed", NoNetwork)
+    monkeypatch.setattr(runner, "backend_for", lambda configured: "tc")

@@ -32,26 +32,17 @@ def test_a_plugin_schedulers_averages_equal_the_reference(workers):
     run_job("alltoall", {}, workers, 0, iterations=3, sizes=tensor_set(workers))
 
 
-@pytest.mark.slow  # two training jobs of real processes: about 19 s
-def test_worker_processes_load_the_plugin_and_train_as_with_ring(tmp_path):
+@pytest.mark.slow  # two training jobs of real processes each: about 12-19 s
+@pytest.mark.parametrize("plugin,scheduler,reference,role", [
+    (ALLTOALL, "alltoall", "ring", "worker0"),      # a collective
+    (PS_FIFO, "plugin_fifo", "fifo", "server0"),    # the PS family: the built-in server loads it for the mode
+])
+def test_role_processes_load_the_plugin_and_train_as_with_a_built_in(tmp_path, plugin, scheduler, reference, role):
     """With two workers every scheme adds the same two numbers: the checksums are equal."""
     workload = {"model": "cnn", "preset": "tiny", "iterations": 3, "batch_size": 8}
-    mine = run_training(workload, tmp_path / "alltoall", workers=2, scheduler="alltoall", plugins=[str(ALLTOALL)],
+    mine = run_training(workload, tmp_path / "plugin", workers=2, scheduler=scheduler, plugins=[str(plugin)],
                         timeout_s=120)
-    ring = run_training(workload, tmp_path / "ring", workers=2, scheduler="ring", timeout_s=120)
+    theirs = run_training(workload, tmp_path / "builtin", workers=2, scheduler=reference, timeout_s=120)
     sums = {r["summary"]["checksum"] for r in mine}
-    assert sums == {r["summary"]["checksum"] for r in ring} and len(sums) == 1
-    assert '"plugins"' in (tmp_path / "alltoall" / "worker0.spec.json").read_text()
-
-
-@pytest.mark.slow  # two training jobs of real processes, with a server each
-def test_a_parameter_server_plugin_is_served_by_the_built_in_server(tmp_path):
-    """A PS-family plugin (the built-in server's mode, declared by its class): the server process
-    loads the plugin from its spec to learn the mode, and training equals fifo's to the bit."""
-    workload = {"model": "cnn", "preset": "tiny", "iterations": 3, "batch_size": 8}
-    mine = run_training(workload, tmp_path / "plugin", workers=2, scheduler="plugin_fifo", plugins=[str(PS_FIFO)],
-                        timeout_s=120)
-    fifo = run_training(workload, tmp_path / "fifo", workers=2, scheduler="fifo", timeout_s=120)
-    sums = {r["summary"]["checksum"] for r in mine}
-    assert sums == {r["summary"]["checksum"] for r in fifo} and len(sums) == 1
-    assert '"plugins"' in (tmp_path / "plugin" / "server0.spec.json").read_text()
+    assert sums == {r["summary"]["checksum"] for r in theirs} and len(sums) == 1
+    assert '"plugins"' in (tmp_path / "plugin" / f"{role}.spec.json").read_text()

@@ -2,7 +2,6 @@
 results, while a task that builds a network says it needs root. Run as root: it makes the user."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -10,17 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, inv
 from tests.factories import MINI
-
-
-def inv(*args: str, env: dict | None = None, user: str | None = None, timeout: float = 300):
-    cmd = [str(REPO / "inv"), *args]
-    if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}", "--clear-groups",
-               *cmd]
-    return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
 
 
 def test_a_normal_user_lists_tasks_and_reports_committed_results(tmp_path):

@@ -11,16 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO
-
-
-def inv(*args: str, env: dict | None = None, user: str | None = None, timeout: float = 300):
-    cmd = [str(REPO / "inv"), *args]
-    if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user if user != 'nobody' else 'nogroup'}", "--clear-groups",
-               *cmd]
-    return subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+from tests.conftest import REPO, inv
 
 
 def test_an_unsupported_python_is_one_line_before_any_set_up(tmp_path):

@@ -31,6 +31,7 @@ from emu.config.plan import load_plan
 from schedulers import registry
 from schedulers.registry import plugins
 from tests.conftest import REPO
+from tests.factories import no_network
 
 DATA = REPO / "tests" / "data" / "plugins"
 ALLTOALL = DATA / "alltoall.py"
@@ -156,18 +157,8 @@ def test_the_run_id_holds_the_plugins_code(tmp_path):
 def test_the_runner_copies_the_plugin_and_records_it(tmp_path, monkeypatch):
     """Up to the network (a stand-in that fails to come up): meta.json, the copy, the role specs."""
     from emu.run import runner
-    from emu.testbed.network import NetworkError
 
-    class NoNetwork:
-        def __init__(self, *a, **kw): ...
-
-        def __enter__(self):
-            raise NetworkError("no network in a unit test")
-
-        def __exit__(self, *exc): ...
-
-    monkeypatch.setattr(runner, "Testbed", NoNetwork)
-    monkeypatch.setattr(runner, "backend_for", lambda configured: "tc")
+    no_network(monkeypatch, runner)
     exp = load_plan(_config(tmp_path, [str(ALLTOALL)]), tasks._sections()).experiments[0]
     row = runner.run_one(exp, 0, tmp_path / "results", state=None)
     run_dir = tmp_path / "results" / exp.name / exp.run_id(0)

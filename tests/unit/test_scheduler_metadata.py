@@ -29,6 +29,7 @@ from emu.sweeps import tune
 from schedulers.registry import SCHEDULERS, infos
 from tasks import _sections
 from tests.conftest import REPO
+from tests.factories import no_network
 
 MINI = REPO / "tests" / "data" / "results" / "mini"
 SECTION_MODULES = {forest_compare.SECTION: "analysis/forest_compare.py", startup.SECTION: "analysis/startup.py"}
@@ -162,18 +163,8 @@ def test_the_runner_records_the_info_in_the_row_and_meta_json(tmp_path, monkeypa
     """Up to the network (a stand-in that fails to come up): the row starts with the info, so
     even a failed run's row has it."""
     from emu.run import runner
-    from emu.testbed.network import NetworkError
 
-    class NoNetwork:
-        def __init__(self, *a, **kw): ...
-
-        def __enter__(self):
-            raise NetworkError("no network in a unit test")
-
-        def __exit__(self, *exc): ...
-
-    monkeypatch.setattr(runner, "Testbed", NoNetwork)
-    monkeypatch.setattr(runner, "backend_for", lambda configured: "tc")
+    no_network(monkeypatch, runner)
     exp = validate_experiment(yaml.safe_load((MINI / "05868d9c075f" / "config.yaml").read_text()), _sections())
     row = runner.run_one(exp, 0, tmp_path, state=None)
     assert row["status"] == "failed" and "no network" in row["reason"]
