@@ -155,13 +155,13 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
 
 
 _RUN_HELP = {
-    "config": "experiment or sweep YAML (see README: Sweeps)",
+    "config": "experiment or sweep YAML (see docs/tutorial.md: Sweeps)",
     "set": "override a config key, e.g. --set workload.iterations=10 (repeatable)",
     "results": "results root (default: results/)",
     "force": "re-run runs that already completed",
     "shard": "run only shard i of n, e.g. 0/4 (merge the shards' results with `merge`)",
     "ray": "run the runs as Ray tasks: 'local' (a one-node cluster here), or a head node's HOST:PORT "
-           "(README: From one machine to N); Ray is installed the first time",
+           "(docs/scaling.md: From one machine to N); Ray is installed the first time",
 }
 
 
@@ -344,7 +344,7 @@ def bench(c, only=None, quick=False):
 
 @task
 def doctor(c):
-    """Check every machine requirement (README: Machine requirements): what is here, what a run changes."""
+    """Check every machine requirement (docs/testbed.md: Machine requirements): what is here, what a run changes."""
     from emu.testbed.capabilities import checks, report
 
     print(report())

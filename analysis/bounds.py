@@ -49,7 +49,7 @@ Ethernet with the emulated links' MTU of 1500, and the links are shaped on the f
 carry. A full frame carries MSS = 1448 bytes of payload (1500 - 20 IP - 20 TCP - 12 TCP
 timestamp option, on by default) in 1514 bytes that htb counts (the 14-byte Ethernet header
 included), so no transport over these links delivers more than PAYLOAD_FRACTION = 1448/1514 =
-0.9564 of a link's rate; iperf3 measures 0.956 through htb (README: Testbed figures,
+0.9564 of a link's rate; iperf3 measures 0.956 through htb (docs/testbed.md: Testbed figures,
 `bench/bench_schedulers.py transport`). Every bound is computed on that payload capacity;
 `bound_line_rate_s` and `efficiency_line_rate` keep the model's bound at the raw line rate.
 

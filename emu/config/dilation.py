@@ -129,7 +129,7 @@ class Units(NamedTuple):
     rates: tuple[str, ...] = ()
 
 
-# Every table the runner stores (README: Results layout). Bytes, counts and fractions (CPU
+# Every table the runner stores (docs/results.md: Results layout). Bytes, counts and fractions (CPU
 # idle, the harness's CPU share) are the same in both clocks.
 TABLES: dict[str, Units] = {
     "iterations": Units(("start", "end", "forward_start", "backward_end"), ("compute_s", "wait_s"), ("samples_per_s",)),

@@ -141,7 +141,7 @@ class MonitorConfig(Strict):
 class TcpConfig(Strict):
     """TCP as the emulated hosts run it. Set in every host's network namespace, because a
     namespace otherwise inherits the machine's default congestion control, and that default
-    changes results (README: TCP in the hosts). Whether this kernel has the algorithm is
+    changes results (docs/testbed.md: TCP in the hosts). Whether this kernel has the algorithm is
     checked by emu/testbed/preflight.py, not here, so that parsing does not depend on the machine."""
 
     congestion_control: str = Field(

@@ -85,7 +85,7 @@ def parse_address(text: str) -> str:
     except OSError as e:
         why = e.strerror or type(e).__name__
         raise ConfigError(f"--ray {text!r}: nothing answers at {host}:{port} ({why}); start the head node with "
-                          f"`ray start --head` (README: From one machine to N)") from None
+                          f"`ray start --head` (docs/scaling.md: From one machine to N)") from None
     return text
 
 

@@ -16,7 +16,8 @@ the same measurements. A proposal whose experiment already completed (the same t
 twice) reuses that run's row instead of running it again.
 
 `tuned.json` holds the best trial, every trial, the search space, the library, sampler and
-seed, and the cost; `tuned.yaml` the best tunables as a `set:` fragment (README: Tuning).
+seed, and the cost; `tuned.yaml` the best tunables as a `set:` fragment (docs/tutorial.md:
+Tuning a scheduler).
 """
 from __future__ import annotations
 
@@ -414,7 +415,7 @@ def _trial_record(t) -> dict[str, Any]:
 
 
 def record(study, spec: TuneSpec) -> dict[str, Any]:
-    """What tuned.json holds (README: Tuning)."""
+    """What tuned.json holds (docs/tutorial.md: Tuning a scheduler)."""
     import optuna
 
     trials = [_trial_record(t) for t in study.get_trials(deepcopy=False) if t.state.name != "WAITING"]
@@ -453,7 +454,7 @@ def fragment(rec: dict[str, Any]) -> str:
     return (f"# ./inv tune of {rec['scheduler']} on {rec['setting']['network']} ({rec['tune']}):\n"
             f"# best of {rec['cost']['trials']} trials, trial {best['trial']}, median iteration "
             f"{best['objective'] * 1e3:.0f} ms{before} (tuned.json has every trial).\n"
-            f"# Use: a sweep file's set: or zip: (README: Tuning), or --set \"{key}={flow}\"\n"
+            f"# Use: a sweep file's set: or zip: (docs/tutorial.md: Tuning a scheduler), or --set \"{key}={flow}\"\n"
             f"{key}: {flow}\n")
 
 

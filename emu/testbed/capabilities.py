@@ -214,7 +214,7 @@ def _cgroup_checks() -> list[Check]:
 
 
 def checks() -> list[Check]:
-    """Every piece of machine state the harness depends on or changes (README: Machine requirements)."""
+    """Every piece of machine state the harness depends on or changes (docs/testbed.md: Machine requirements)."""
     out: list[Check] = []
     root = os.geteuid() == 0
     out.append(Check("user", "root", root, "root" if root else f"uid {os.geteuid()}",

@@ -14,7 +14,7 @@ The hot path. At 100 Hz for 32 hosts the monitor asks 3,300 qdiscs a second. It 
 prebuilt requests (one RTM_GETQDISC per shaped interface, one RTM_GETSTATS dump of the root
 namespace's link counters) and reads only the fields it needs, at their fixed offsets, with
 `struct`: a few microseconds a message. pyroute2's own decoders read every attribute of every
-message into Python objects, which costs far more than the budget (README: Testbed figures);
+message into Python objects, which costs far more than the budget (docs/testbed.md: Testbed figures);
 tests/unit/test_netlink.py checks these parsers against pyroute2's decoders on kernel replies.
 
 Rate changes. `htb_class_change` is what `tc class change ... htb rate R ceil R burst B

@@ -1,4 +1,4 @@
-"""Sweeps on Ray with Mininet, as root (emu/sweeps/raysweep.py; README: From one machine to N).
+"""Sweeps on Ray with Mininet, as root (emu/sweeps/raysweep.py; docs/scaling.md: From one machine to N).
 
 A real sweep on a two-node local cluster whose second node is killed mid-run: every run is
 recorded once, both nodes ran runs, the lost run was retried, and nothing is left behind. The

@@ -1,7 +1,7 @@
 """The testbed on real Mininet links: rates per topology kind, schedules, cross traffic.
 
 Rates are judged against iperf3's goodput ceiling through htb on the reference machine
-(0.95 of the configured rate, README "Testbed figures"): within 10% of it.
+(0.95 of the configured rate, docs/testbed.md: Testbed figures): within 10% of it.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Time dilation (emu/config/dilation.py; README: Time dilation), without a network: the config key
+"""Time dilation (emu/config/dilation.py; docs/scaling.md: Time dilation), without a network: the config key
 and its refusals, the wall-clock plan a dilated experiment runs (rates / k, times x k), the
 conversion of what it measured back to emulated time, run ids of undilated configs as they
 were, and the bound of a dilated run equal to the undilated one's."""

@@ -1,4 +1,4 @@
-"""Sweeps on Ray (emu/sweeps/raysweep.py; README: From one machine to N).
+"""Sweeps on Ray (emu/sweeps/raysweep.py; docs/scaling.md: From one machine to N).
 
 Without Ray: the --ray address (unreachable: one line, exit 2, nothing created), the run
 directory's round trip, and the driver's bookkeeping against a stand-in for Ray (done runs
