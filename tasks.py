@@ -387,6 +387,27 @@ def profile(c, model, preset="small", batch_size=32, iterations=None, threads=1)
             raise Exit(code=rc)
 
 
+@task(help={"run-dir": "a run's directory, RESULTS/SWEEP/RUN_ID (e.g. results/demo/<run_id>)",
+            "out": "where to write the trace (default: <run_dir>/trace.json)"})
+def trace(c, run_dir, out=None):
+    """Write a traced run's timeline as Trace Event Format JSON (open it in Perfetto or chrome://tracing):
+    per worker its iterations, compute, per-layer waits and per-tensor pushes; per link its utilisation
+    and queue; faults and forest plans (analysis/trace.py)."""
+    from analysis.tables import NoResults
+    from analysis.trace import build_trace, counts, span_us, write_trace
+
+    try:
+        built = build_trace(Path(run_dir))
+    except NoResults as e:
+        raise Exit(f"error: {e}", code=2) from None
+    path = write_trace(built, Path(out) if out else Path(run_dir) / "trace.json")
+    first, last = span_us(built)
+    print(f"trace: {path} ({len(built['traceEvents'])} events, {path.stat().st_size} bytes, "
+          f"{(last - first) / 1e6:.3f} s from {first / 1e6:.3f} s)")
+    for kind, by_cat in counts(built).items():
+        print(f"  {kind}: " + (", ".join(f"{cat} {n}" for cat, n in by_cat.items()) or "none"))
+
+
 @task(name="fresh-os", help={"full": "run the README's test command (./inv test) instead of the fast tier",
                              "keep": "keep the unpacked root file system (its path is printed)",
                              "rebuild": "build the root file system again instead of using the cached one"})
