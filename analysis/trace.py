@@ -32,8 +32,9 @@ one thread per tensor key (`key K`: per iteration a `push` slice from the tensor
 `send` to its last `recv` event, and every scheduler event of that key as an instant named by
 its kind, args chunk and iteration). Servers that traced get a process each, with their events
 as instants per key. A `network` process holds two counter tracks per link direction:
-`<link> utilisation %` (achieved rate / configured rate, links.parquet) and `<link> queue
-bytes` (backlog, qdiscs.parquet). A `run` process holds the faults (an instant where each
+`<link> utilisation` in % (achieved rate / configured rate, links.parquet) and `<link>
+queue` in bytes (backlog, qdiscs.parquet); the unit is the counter's one arg, which Perfetto
+appends to the track's name. A `run` process holds the faults (an instant where each
 began and one where it ended) and the forest's plans (an instant each), global in scope.
 
 The layer timeline is reconstructed from durations (workloads/timing.py): the forward pass
@@ -268,11 +269,11 @@ def _network(links: pd.DataFrame | None, qdiscs: pd.DataFrame | None, axis: _Axi
             conf = _num(r.configured_bps)
             rate = _num(r.tx_bytes_per_s) or 0.0
             util = 100.0 * rate * 8 / conf if conf else 0.0
-            out.append({"name": f"{r.link} utilisation %", "cat": "utilisation", "ph": "C",
+            out.append({"name": f"{r.link} utilisation", "cat": "utilisation", "ph": "C",
                         "ts": max(axis.monitor(r.t), 0.0), "pid": pid, "args": {"%": round(util, 3)}})
     if qdiscs is not None:
         for r in qdiscs.itertuples(index=False):
-            out.append({"name": f"{r.link} queue bytes", "cat": "queue", "ph": "C",
+            out.append({"name": f"{r.link} queue", "cat": "queue", "ph": "C",
                         "ts": max(axis.monitor(r.t), 0.0), "pid": pid, "args": {"bytes": _num(r.backlog_bytes) or 0.0}})
     return out
 

@@ -179,7 +179,7 @@ def test_counts_match_the_tables(run):
         assert len(mine) == (ev["rank"].eq(r) & ev["role"].eq("worker")).sum()
         assert {e["tid"] for e in mine} == {100 + k for k in worker_ev["key"]}   # a thread per tensor
     per_link = Counter(e["name"] for e in _events(trace, "C", "utilisation"))
-    assert per_link == Counter({f"{ln} utilisation %": 24 for ln in LINKS})
+    assert per_link == Counter({f"{ln} utilisation": 24 for ln in LINKS})
 
 
 def test_times_match_the_tables(run):
@@ -233,9 +233,12 @@ def test_slices_of_one_thread_do_not_overlap_and_layers_stay_in_their_step(run):
 
 
 def test_wall_clock_records_follow_time_dilation(tmp_path):
-    """Faults and plans are stored in the wall clock: under time dilation k their instants are
-    mapped around the monitors' t = 0 as the runner maps the other tables."""
+    """The forest's plan records are the scheduler's, in the wall clock (so would faults be; a
+    config refuses them with time dilation): under time dilation k their instants are mapped
+    around the monitors' t = 0 as the runner maps the other tables."""
     trace = build_trace(make_run(tmp_path, k=4.0))
+    plans = [e["ts"] for e in _events(trace, cat="plan")]
+    assert plans == pytest.approx([us(p["time"]) / 4 for p in PLANS], abs=0.5)
     faults = sorted(e["ts"] for e in _events(trace, cat="fault"))
     assert faults == pytest.approx([us(ROLES_T0 + 0.61) / 4, us(ROLES_T0 + 0.8) / 4], abs=0.5)
     assert trace["otherData"]["time_dilation"] == 4.0
