@@ -16,13 +16,14 @@ from emu.config.topospec import MAX_MBPS, NodeName
 class Flow(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    src: NodeName
-    dst: NodeName
-    protocol: Literal["tcp", "udp"] = "tcp"
-    rate_mbps: float | None = Field(default=None, gt=0, le=MAX_MBPS, description="cap; UDP needs one")
-    start_s: float = Field(default=0, ge=0)
-    stop_s: float | None = Field(default=None, gt=0)
-    parallel: int = Field(default=1, ge=1, le=32)
+    src: NodeName = Field(description="the sending host")
+    dst: NodeName = Field(description="the receiving host")
+    protocol: Literal["tcp", "udp"] = Field(default="tcp", description="iperf3 over TCP or UDP")
+    rate_mbps: float | None = Field(default=None, gt=0, le=MAX_MBPS, description="cap, Mb/s; UDP needs one")
+    start_s: float = Field(default=0, ge=0, description="start, seconds after the roles start")
+    stop_s: float | None = Field(default=None, gt=0,
+                                 description="stop, seconds after the roles start (unset: at the end of the run)")
+    parallel: int = Field(default=1, ge=1, le=32, description="count of parallel streams (iperf3 -P)")
 
     @model_validator(mode="after")
     def _valid(self) -> Flow:

@@ -125,17 +125,18 @@ class MonitorConfig(Strict):
     None, so configs that leave them out keep their run ids."""
 
     interval_s: float = Field(default=0.1, ge=0.001, le=0.1,
-                              description="link counters and CPU: 10 Hz or better")
+                              description="seconds between samples of link counters and CPU (10 Hz or better)")
     qdisc_interval_s: float = Field(default=0.1, ge=0.001, le=10,
-                                    description="qdisc backlog/drops with the tc backend; costs one tc call per "
-                                                "host each time")
+                                    description="seconds between samples of qdisc backlog/drops with the tc "
+                                                "backend; costs one tc call per host each time")
     backend: Literal["netlink", "tc"] | None = Field(
         default=None, description="netlink: counters, queues and rate changes through netlink sockets in the hosts' "
                                   "namespaces; tc: a tc process per namespace and sample, sysfs counters, tc class "
                                   "change; unset: netlink where pyroute2 is installed and the harness is root")
     netlink_qdisc_interval_s: float | None = Field(
         default=None, ge=0.001, le=10,
-        description=f"qdisc backlog/drops with the netlink backend (unset: {NETLINK_QDISC_INTERVAL_S} s, 100 Hz)")
+        description=f"seconds between samples of qdisc backlog/drops with the netlink backend (unset: "
+                    f"{NETLINK_QDISC_INTERVAL_S} s, 100 Hz)")
 
 
 class TcpConfig(Strict):
@@ -153,11 +154,14 @@ class FidelityConfig(Strict):
     """Thresholds of the per-run fidelity verdict (after Handigol et al., CoNEXT 2012)."""
 
     window_s: float = Field(default=1.0, ge=0.1, le=MAX_TIMEOUT_S,
-                            description="a window holds samples at 10 Hz")
-    cpu_idle_min: float = Field(default=0.35, ge=0, le=1, description="machine CPU idle, every window")
-    rate_tolerance: float = Field(default=0.05, ge=0, description="realized rate <= configured x (1 + this)")
+                            description="length of one window of the verdict, seconds; a window holds samples at "
+                                        "10 Hz")
+    cpu_idle_min: float = Field(default=0.35, ge=0, le=1,
+                                description="the machine's CPU idle in every window, at least: a fraction 0-1")
+    rate_tolerance: float = Field(default=0.05, ge=0, description="realized rate <= configured x (1 + this): a "
+                                                                  "fraction of the configured rate (0.05: 5 percent)")
     saturated_min: float = Field(default=0.9, ge=0, le=1,
-                                 description="a link with proven queued work reaches this x rate")
+                                 description="a link with proven queued work reaches this fraction 0-1 of its rate")
 
 
 class PluginRef(Strict):
@@ -167,7 +171,8 @@ class PluginRef(Strict):
     neither the run id nor config.yaml depends on where the checkout lies."""
 
     spec: str = Field(description="the file (relative to the config file, or absolute) or module, as written")
-    kind: Literal["file", "module", "entry_point"]
+    kind: Literal["file", "module", "entry_point"] = Field(
+        description="how it was named: a Python file, a module, or an installed package's entry point")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="of the file, or of the package's source files")
     version: str | None = Field(default=None, description="the installed distribution's version (modules)")
     path: str | None = Field(default=None, exclude=True, description="the file on this machine; not hashed")
@@ -180,33 +185,48 @@ class Experiment(Strict):
     the topology, that faults name its roles and links and do not overlap, and that the rate
     schedules and faults fit the run's timeout."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                      description="the experiment's name: its runs go to results/<name>/")
     seed: int = Field(default=0, ge=0, le=2 ** 32 - 1,
-                      description="torch gets seed x 1000 + stream, which must fit in 64 bits")
+                      description="the run's integer seed: torch gets seed x 1000 + stream, which must fit in 64 bits")
     timeout_s: float = Field(default=600, ge=1, le=MAX_TIMEOUT_S,
-                             description="limit of one run (emulated seconds: x time_dilation of wall clock)")
+                             description="limit of one run, seconds (emulated: x time_dilation of wall clock)")
     time_dilation: float = Field(
         default=1.0, ge=1, le=MAX_TIME_DILATION,
-        description="run k times slower: every link rate / k, every time x k (emu/config/dilation.py); results are "
-                    "recorded in emulated time. Left out of the resolved config, and so of the run id, at 1")
+        description="factor k: run k times slower, every link rate / k, every time x k (emu/config/dilation.py); "
+                    "results are recorded in emulated time. Left out of the resolved config, and so of the run id, "
+                    "at 1")
     trace: bool = Field(default=False, description="record scheduler events into events.parquet")
-    topology: Topology
-    shaping: list[LinkShaping] = Field(default_factory=list, max_length=2 * MAX_GRAPH_NODES)
-    cross_traffic: list[Flow] = Field(default_factory=list, max_length=MAX_FLOWS)
+    topology: Topology = Field(
+        description="the network, of one of four kinds (star, racks, graph, sites), resolved to hosts, switches and "
+                    "links (emu/config/topospec.py)")
+    shaping: list[LinkShaping] = Field(
+        default_factory=list, max_length=2 * MAX_GRAPH_NODES,
+        description="rate schedules over the run, at most one per link direction (emu/config/shaping.py)")
+    cross_traffic: list[Flow] = Field(
+        default_factory=list, max_length=MAX_FLOWS,
+        description="iperf3 flows between hosts that compete with the training's traffic (emu/config/crosstraffic.py)")
     host_cpu: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
-        default_factory=dict, description="host -> share of the machine's CPU (CFS bandwidth cgroup)")
-    monitor: MonitorConfig = MonitorConfig()
-    tcp: TcpConfig = TcpConfig()
-    fidelity: FidelityConfig = FidelityConfig()
+        default_factory=dict, description="host -> its fraction 0-1 of the machine's CPU (CFS bandwidth cgroup)")
+    monitor: MonitorConfig = Field(default=MonitorConfig(),
+                                   description="what the monitors sample, and how often (emu/testbed/monitor.py)")
+    tcp: TcpConfig = Field(default=TcpConfig(),
+                           description="TCP as the emulated hosts run it, set in every host's network namespace")
+    fidelity: FidelityConfig = Field(
+        default=FidelityConfig(), description="thresholds of the per-run fidelity verdict (after Handigol et al., "
+                                              "CoNEXT 2012)")
     # None, not WatchdogConfig(): unset, it stays out of the run id (see run_id)
     watchdog: WatchdogConfig | None = Field(
         default=None, description="the stall window (emu/run/watchdog.py); unset: derived from the run")
     faults: list[Fault] = Field(default_factory=list, max_length=MAX_FAULTS,
                                 description="faults injected on the run's timeline (emu/run/faults.py)")
-    roles: Roles
-    workload: dict[str, Any]
-    scheduler: str
-    schedulers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    roles: Roles = Field(description="which hosts run the parameter servers and the workers")
+    workload: dict[str, Any] = Field(description="what each worker trains, and how (workloads/config.py)")
+    scheduler: str = Field(description="the scheduler under test: a name of the registry (schedulers/registry/) "
+                                       "or of a plugin")
+    schedulers: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="scheduler name -> its tunables; the run id hashes the chosen "
+                                          "scheduler's only")
     plugins: list[PluginRef] = Field(
         default_factory=list, max_length=64,
         description="Python files (relative to the config file, or absolute) or module names defining schedulers "

@@ -33,10 +33,14 @@ class Fault(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     at_s: float = Field(ge=0, le=_WEEK_S, description="seconds after the roles are launched")
-    kind: Kind
-    target: str | tuple[str, str]
-    for_s: float | None = Field(default=None, gt=0, le=_WEEK_S)
-    cpu: float | None = Field(default=None, gt=0, le=1, description="slow: the host's share of the machine's CPU")
+    kind: Kind = Field(description="stop: SIGSTOP, SIGCONT after for_s; kill: SIGKILL; link_down: both "
+                                   "directions, up after for_s; slow: the host's CPU cgroup, for for_s")
+    target: str | tuple[str, str] = Field(description="a role (worker0, server0) for stop, kill and slow; a link "
+                                                      "[a, b] for link_down")
+    for_s: float | None = Field(default=None, gt=0, le=_WEEK_S, description="seconds until it is undone (not "
+                                                                            "for kill)")
+    cpu: float | None = Field(default=None, gt=0, le=1,
+                              description="slow: the host's fraction 0-1 of the machine's CPU")
 
     @field_validator("target", mode="before")
     @classmethod

@@ -43,8 +43,10 @@ class _Strict(BaseModel):
 
 
 class Steps(_Strict):
-    kind: Literal["steps"]
-    steps: list[tuple[float, float]] = Field(min_length=1)
+    kind: Literal["steps"] = Field(description="steps: piecewise-constant rates from given times on")
+    steps: list[tuple[float, float]] = Field(
+        min_length=1, description="[[t_s, mbps], ...]: from t_s seconds on, the rate is mbps Mb/s; times increase, "
+                                  "the last rate is above 0")
 
     @field_validator("steps")
     @classmethod
@@ -68,11 +70,11 @@ class Steps(_Strict):
 
 
 class Square(_Strict):
-    kind: Literal["square"]
-    period_s: float = Field(gt=0)
-    high_mbps: float = Field(gt=0, le=MAX_MBPS)
-    low_mbps: float = Field(ge=0, le=MAX_MBPS)
-    duty: float = Field(default=0.5, gt=0, lt=1, description="fraction of each period at high_mbps")
+    kind: Literal["square"] = Field(description="square: high and low rates in turn, periodic")
+    period_s: float = Field(gt=0, description="length of one period, seconds")
+    high_mbps: float = Field(gt=0, le=MAX_MBPS, description="rate of the high part, Mb/s")
+    low_mbps: float = Field(ge=0, le=MAX_MBPS, description="rate of the low part, Mb/s (0: an outage)")
+    duty: float = Field(default=0.5, gt=0, lt=1, description="fraction 0-1 of each period at high_mbps")
 
     def changes(self, horizon_s: float) -> float:
         return 2 * (horizon_s / self.period_s + 1)
@@ -86,12 +88,13 @@ class Square(_Strict):
 
 
 class OnOff(_Strict):
-    kind: Literal["onoff"]
-    on_mbps: float = Field(gt=0, le=MAX_MBPS)
-    off_mbps: float = Field(ge=0, le=MAX_MBPS)
-    mean_on_s: float = Field(gt=0)
-    mean_off_s: float = Field(gt=0)
-    seed: int = 0
+    kind: Literal["onoff"] = Field(description="onoff: ON and OFF periods of random, exponentially distributed "
+                                               "lengths")
+    on_mbps: float = Field(gt=0, le=MAX_MBPS, description="rate while ON, Mb/s")
+    off_mbps: float = Field(ge=0, le=MAX_MBPS, description="rate while OFF, Mb/s (0: an outage)")
+    mean_on_s: float = Field(gt=0, description="mean length of an ON period, seconds")
+    mean_off_s: float = Field(gt=0, description="mean length of an OFF period, seconds")
+    seed: int = Field(default=0, description="integer seed of the periods' lengths")
 
     def changes(self, horizon_s: float) -> float:
         """The expected number (the periods are random)."""
@@ -108,10 +111,11 @@ class OnOff(_Strict):
 
 
 class _TraceFile(_Strict):
-    file: str
+    file: str = Field(description="the trace file (relative to the config file, or absolute)")
     _points: Points = PrivateAttr(default_factory=list)
     _period: float = PrivateAttr(default=0.0)
-    sha256: str = ""
+    sha256: str = Field(default="", description="set as the file is read: the start of its SHA-256, so the run id "
+                                                "changes with the trace; a config leaves it out")
 
     @model_validator(mode="after")
     def _load(self, info: ValidationInfo) -> _TraceFile:
@@ -159,8 +163,9 @@ class _TraceFile(_Strict):
 
 
 class Mahimahi(_TraceFile):
-    kind: Literal["mahimahi"]
-    window_ms: int = Field(default=100, ge=1, description="averaging window of delivery opportunities")
+    kind: Literal["mahimahi"] = Field(description="mahimahi: a Mahimahi trace (a line per 1500-byte delivery "
+                                                  "opportunity, its millisecond), looped")
+    window_ms: int = Field(default=100, ge=1, description="averaging window of delivery opportunities, ms")
 
     def _parse(self, text: str) -> tuple[Points, float]:
         # One pass, counting opportunities per window as they come: a trace can have
@@ -203,8 +208,8 @@ class Mahimahi(_TraceFile):
 
 
 class CsvTrace(_TraceFile):
-    kind: Literal["csv"]
-    loop: bool = False
+    kind: Literal["csv"] = Field(description="csv: rows of t_s,mbps (a header line is allowed)")
+    loop: bool = Field(default=False, description="start again after the last row (one step after it)")
 
     def _parse(self, text: str) -> tuple[Points, float]:
         pts: Points = []
@@ -245,7 +250,7 @@ Schedule = Annotated[Steps | Square | OnOff | Mahimahi | CsvTrace, Field(discrim
 
 class LinkShaping(_Strict):
     link: tuple[NodeName, NodeName] = Field(description="direction: traffic from the first to the second")
-    schedule: Schedule
+    schedule: Schedule = Field(description="the direction's rate over time, of one of five kinds")
 
 
 

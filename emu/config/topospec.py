@@ -58,8 +58,10 @@ class LinkOptions(_Strict):
     (0.9 s) on a 106 Mb/s link, and bytescheduler's request/response rounds behind it took
     24 s per iteration."""
 
-    delay_ms: float | None = Field(default=None, ge=0, le=60_000, description="at most a minute")
-    loss_pct: float | None = Field(default=None, ge=0, le=100)
+    delay_ms: float | None = Field(default=None, ge=0, le=60_000,
+                                   description="delay of each direction, ms (netem); at most a minute")
+    loss_pct: float | None = Field(default=None, ge=0, le=100,
+                                   description="random loss of each direction, percent of packets (netem)")
     queue_ms: float = Field(default=DEFAULT_QUEUE_MS, gt=0,
                             description="drop-tail queue of each direction, in ms of its configured rate "
                                         "(at least 64 KB; a rate change keeps the bytes)")
@@ -136,20 +138,21 @@ def _kernel_limits(net: NetSpec, node_field: Callable[[str], str], queue_field: 
 class SlowHosts(_Strict):
     """`count` hosts at `factor` times the rate (chosen last-first, or at random with seed)."""
 
-    kind: Literal["slow"]
-    count: int = Field(ge=0)
-    factor: float = Field(gt=0, le=1, default=0.1)
-    pick: Literal["last", "random"] = "last"
-    seed: int = 0
+    kind: Literal["slow"] = Field(description="slow: count hosts at factor times the rate")
+    count: int = Field(ge=0, description="count of hosts slowed down")
+    factor: float = Field(gt=0, le=1, default=0.1, description="the slow hosts' rate as a fraction 0-1 of theirs")
+    pick: Literal["last", "random"] = Field(default="last", description="which hosts: the last ones, or chosen at "
+                                                                        "random with seed")
+    seed: int = Field(default=0, description="integer seed of the random pick")
 
 
 class LogNormal(_Strict):
     """Rates multiplied by exp(sigma*Z - sigma^2/2), Z ~ N(0,1) seeded: mean-preserving,
     sigma = 0 is homogeneous, so sigma is the one heterogeneity knob of a sweep."""
 
-    kind: Literal["lognormal"]
-    sigma: float = Field(ge=0, le=3)
-    seed: int = 0
+    kind: Literal["lognormal"] = Field(description="lognormal: rates x exp(sigma Z - sigma^2 / 2), mean-preserving")
+    sigma: float = Field(ge=0, le=3, description="standard deviation of the log rate, dimensionless (0: homogeneous)")
+    seed: int = Field(default=0, description="integer seed of Z")
 
 
 class Spread(_Strict):
@@ -157,8 +160,8 @@ class Spread(_Strict):
     ratio^(-k/(n-1)), the first at the full rate, the last at 1/ratio of it. Deterministic;
     the mean is NOT preserved (it falls as ratio grows); ratio 1 is homogeneous."""
 
-    kind: Literal["spread"]
-    ratio: float = Field(ge=1, description="fastest / slowest host rate")
+    kind: Literal["spread"] = Field(description="spread: rates geometric from the full rate down to 1/ratio of it")
+    ratio: float = Field(ge=1, description="ratio of the fastest to the slowest host rate")
 
 
 Heterogeneity = Annotated[SlowHosts | LogNormal | Spread, Field(discriminator="kind")]
@@ -166,10 +169,11 @@ HETEROGENEITY_KINDS = ("slow", "lognormal", "spread")
 
 
 class StarHost(_Strict):
-    name: NodeName
-    bw_mbps: Mbps | None = None
-    up_mbps: Mbps | None = Field(default=None, description="host -> switch")
-    down_mbps: Mbps | None = Field(default=None, description="switch -> host")
+    name: NodeName = Field(description="the host's name (a lowercase letter, then at most 9 letters or digits)")
+    bw_mbps: Mbps | None = Field(default=None, description="rate of both directions, Mb/s (or up_mbps and "
+                                                           "down_mbps)")
+    up_mbps: Mbps | None = Field(default=None, description="rate host -> switch, Mb/s")
+    down_mbps: Mbps | None = Field(default=None, description="rate switch -> host, Mb/s")
 
     @model_validator(mode="after")
     def _rates(self) -> StarHost:
@@ -187,12 +191,15 @@ class StarHost(_Strict):
 
 
 class StarTopology(LinkOptions):
-    kind: Literal["star"]
-    switch: NodeName = "s1"
-    hosts: list[StarHost] | None = Field(default=None, max_length=MAX_HOSTS)
-    count: int | None = Field(default=None, ge=2, le=256, description="generate hosts h0..h{count-1}")
-    bw_mbps: Mbps | None = Field(default=None, description="rate of generated hosts")
-    heterogeneity: Heterogeneity | None = None
+    kind: Literal["star"] = Field(description="star: one switch, a link per host")
+    switch: NodeName = Field(default="s1", description="the switch's name")
+    hosts: list[StarHost] | None = Field(default=None, max_length=MAX_HOSTS,
+                                         description="the hosts one by one (or count)")
+    count: int | None = Field(default=None, ge=2, le=256,
+                              description="count of hosts to generate, h0..h{count-1} (or hosts)")
+    bw_mbps: Mbps | None = Field(default=None, description="rate of generated hosts, Mb/s")
+    heterogeneity: Heterogeneity | None = Field(
+        default=None, description="a generator of unequal host rates (unset: the rates as given)")
     keep: list[NodeName] = Field(default_factory=list, max_length=MAX_HOSTS,
                                  description="hosts the generator leaves alone")
 
@@ -320,19 +327,22 @@ class RacksTopology(LinkOptions):
     worker hosts, rack by rack, run at host_bw_mbps x host_spread^(-k/(n-1)) for the k-th of
     n; tenant hosts at host_bw_mbps."""
 
-    kind: Literal["racks"]
-    racks: int = Field(ge=1, le=MAX_GROUPS)
-    hosts_per_rack: HostCounts = Field(description="worker hosts per rack; a list gives one per rack")
-    host_bw_mbps: Mbps
-    oversubscription: float = Field(default=1.0, ge=1, description="rack hosts' rate / uplink rate")
+    kind: Literal["racks"] = Field(description="racks: top-of-rack switches under one core switch")
+    racks: int = Field(ge=1, le=MAX_GROUPS, description="count of racks")
+    hosts_per_rack: HostCounts = Field(description="count of worker hosts per rack; a list gives one per rack")
+    host_bw_mbps: Mbps = Field(description="rate of a host's link to its top-of-rack switch, Mb/s (the first "
+                                           "worker host's with host_spread)")
+    oversubscription: float = Field(default=1.0, ge=1, description="ratio of a rack's hosts' rate to its uplink "
+                                                                   "rate")
     # None (not 1 or 0) when unset: run ids leave None out, so racks configs written before
     # these fields keep their run ids and a sweep resumes.
-    uplink_spread: float | None = Field(default=None, ge=1, description="rack 0's uplink at the full rate, "
-                                                                        "the last rack's at 1/this (default 1)")
-    host_spread: float | None = Field(default=None, ge=1, description="first worker host at host_bw_mbps, "
+    uplink_spread: float | None = Field(default=None, ge=1, description="ratio: rack 0's uplink at the full "
+                                                                        "rate, the last rack's at 1/this (default 1)")
+    host_spread: float | None = Field(default=None, ge=1, description="ratio: first worker host at host_bw_mbps, "
                                                                       "the last at 1/this of it (default 1)")
     tenants_per_rack: int | None = Field(default=None, ge=0, le=64,
-                                         description="extra hosts r{i}t{j} per rack for cross traffic (default 0)")
+                                         description="count of extra hosts r{i}t{j} per rack for cross traffic "
+                                                     "(default 0)")
 
     @model_validator(mode="after")
     def _sizes(self) -> RacksTopology:
@@ -376,16 +386,17 @@ class SitesTopology(LinkOptions):
     Site s's WAN link runs at wan_mbps[s] (a list), or at wan_mbps x wan_spread^(-s/(sites-1))
     (one rate). WAN links take wan_delay_ms in place of delay_ms where it is set."""
 
-    kind: Literal["sites"]
-    sites: int = Field(ge=2, le=MAX_GROUPS)
-    hosts_per_site: HostCounts = Field(description="worker hosts per site; a list gives one per site")
-    host_bw_mbps: Mbps = Field(description="LAN rate: each host's link to its site switch")
-    wan_mbps: Rates = Field(description="each site's link to the WAN core; a list gives one per site")
+    kind: Literal["sites"] = Field(description="sites: site switches joined by WAN links to one WAN core switch")
+    sites: int = Field(ge=2, le=MAX_GROUPS, description="count of sites")
+    hosts_per_site: HostCounts = Field(description="count of worker hosts per site; a list gives one per site")
+    host_bw_mbps: Mbps = Field(description="LAN rate: each host's link to its site switch, Mb/s")
+    wan_mbps: Rates = Field(description="rate of each site's link to the WAN core, Mb/s; a list gives one per site")
     wan_spread: float = Field(default=1.0, ge=1,
-                              description="with one wan_mbps: site 0 at that rate, the last site at 1/this")
-    wan_delay_ms: float | None = Field(default=None, ge=0, le=60_000, description="delay of WAN links only")
+                              description="ratio: with one wan_mbps, site 0 at that rate, the last site at 1/this")
+    wan_delay_ms: float | None = Field(default=None, ge=0, le=60_000,
+                                       description="delay of WAN links only, ms (in place of delay_ms)")
     tenants_per_site: int = Field(default=0, ge=0, le=64,
-                                  description="extra hosts d{i}t{j} per site for cross traffic")
+                                  description="count of extra hosts d{i}t{j} per site for cross traffic")
 
     @model_validator(mode="after")
     def _sizes(self) -> SitesTopology:
@@ -423,16 +434,16 @@ class SitesTopology(LinkOptions):
 # ---------------------------------------------------------------------------- graph
 
 class GraphNode(_Strict):
-    name: NodeName
-    kind: Literal["host", "switch"]
+    name: NodeName = Field(description="the node's name (a lowercase letter, then at most 9 letters or digits)")
+    kind: Literal["host", "switch"] = Field(description="a host (one link, to a switch) or a switch")
 
 
 class GraphLink(LinkOptions):
-    a: NodeName
-    b: NodeName
-    bw_mbps: Mbps | None = None
-    ab_mbps: Mbps | None = Field(default=None, description="a -> b")
-    ba_mbps: Mbps | None = Field(default=None, description="b -> a")
+    a: NodeName = Field(description="one end: a node's name")
+    b: NodeName = Field(description="the other end")
+    bw_mbps: Mbps | None = Field(default=None, description="rate of both directions, Mb/s (or ab_mbps and ba_mbps)")
+    ab_mbps: Mbps | None = Field(default=None, description="rate a -> b, Mb/s")
+    ba_mbps: Mbps | None = Field(default=None, description="rate b -> a, Mb/s")
 
     @model_validator(mode="after")
     def _rates(self) -> GraphLink:
@@ -442,9 +453,11 @@ class GraphLink(LinkOptions):
 
 
 class GraphTopology(_Strict):
-    kind: Literal["graph"]
-    nodes: list[GraphNode] = Field(min_length=2, max_length=MAX_GRAPH_NODES)
-    links: list[GraphLink] = Field(min_length=1, max_length=MAX_GRAPH_NODES)
+    kind: Literal["graph"] = Field(description="graph: any hosts, switches and links (the switches a tree, each "
+                                               "host on one switch)")
+    nodes: list[GraphNode] = Field(min_length=2, max_length=MAX_GRAPH_NODES, description="the hosts and switches")
+    links: list[GraphLink] = Field(min_length=1, max_length=MAX_GRAPH_NODES,
+                                   description="the links, each with a rate per direction")
 
     @model_validator(mode="after")
     def _valid(self) -> GraphTopology:

@@ -18,4 +18,5 @@ class WatchdogConfig(BaseModel):
         description="stall window in seconds; unset: 10 x the median iteration, within 10..25 s")
     startup_s: float = Field(
         default=STARTUP_S, ge=1, le=7 * 24 * 3600,
-        description="allowance without progress before the workers' iterations are timed, and while they finish")
+        description="allowance without progress, seconds, before the workers' iterations are timed, and while "
+                    "they finish")
