@@ -46,22 +46,24 @@ def default_profile(model: str, preset: str) -> Path:
 class WorkloadConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    model: Literal[tuple(MODELS)] = "cnn"
-    preset: Literal[PRESETS] = "small"
+    model: Literal[tuple(MODELS)] = Field(default="cnn", description="the model of the zoo (workloads/models.py)")
+    preset: Literal[PRESETS] = Field(default="small", description="its size: tiny (tests), small (demos on 2 "
+                                                                  "cores), paper (the papers' architecture)")
     data: Literal["synthetic", "digits"] = Field(
         default="synthetic", description="seeded synthetic samples, or scikit-learn's digits (image models)")
     compute: Literal["real", "replay"] = Field(
         default="real", description="real: PyTorch on the CPU; replay: a profile's per-layer times")
     profile: str | None = Field(
         default=None, description="replay: profile JSON (default profiles/<model>-<preset>.json)")
-    speedup: float = Field(default=1.0, gt=0, description="replay: divide the profile's times by this")
-    batch_size: int = Field(default=32, gt=0, le=MAX_BATCH_SIZE)
-    iterations: int = Field(default=40, gt=0, le=MAX_ITERATIONS)
-    warmup: int = Field(default=2, ge=0, le=MAX_ITERATIONS, description="first iterations left out of summaries")
-    threads: int = Field(default=1, gt=0, le=MAX_THREADS, description="torch threads per worker")
-    lr: float = Field(default=0.01, gt=0)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    weight_decay: float = Field(default=1e-4, ge=0)
+    speedup: float = Field(default=1.0, gt=0, description="replay: the factor the profile's times are divided by")
+    batch_size: int = Field(default=32, gt=0, le=MAX_BATCH_SIZE, description="count of samples per worker and step")
+    iterations: int = Field(default=40, gt=0, le=MAX_ITERATIONS, description="count of iterations per worker")
+    warmup: int = Field(default=2, ge=0, le=MAX_ITERATIONS,
+                        description="count of first iterations left out of summaries")
+    threads: int = Field(default=1, gt=0, le=MAX_THREADS, description="count of torch threads per worker")
+    lr: float = Field(default=0.01, gt=0, description="SGD's learning rate, dimensionless")
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="SGD's momentum, dimensionless")
+    weight_decay: float = Field(default=1e-4, ge=0, description="SGD's weight decay (L2), dimensionless")
 
     @property
     def profile_path(self) -> Path:

@@ -60,17 +60,18 @@ class ForestParams(SchedulerParams):
                                                       "order, inside the trees); false: first come, first sent")
     slice_chunks: int = Field(default=8, ge=1, le=4096,
                               description="cut each tree's slice of a tensor into at least this many chunks "
-                                          "(none under 4096 floats, 16 KiB)")
+                                          "(a count; none under 4096 floats, 16 KiB)")
     epsilon: float = Field(default=DEFAULT_EPSILON, gt=0, lt=0.5,
-                           description="recorded with the plan; the plan is the exact LP optimum (it was the "
-                                       "accuracy of the Garg-Konemann planner this replaced)")
+                           description="a fraction recorded with the plan; the plan is the exact LP optimum (it was "
+                                       "the accuracy of the Garg-Konemann planner this replaced)")
     bandwidth: Literal["measured", "configured"] = Field(
         default="measured", description="measured: plan on what a probe at start-up measures and re-plan when "
         "the all-reduce time changes (forest_replan.py); configured: plan once on the capacity graph's rates")
-    probe_s: float = Field(default=0.5, gt=0.05, le=10, description="length of one probe round, s (n + 2 rounds)")
+    probe_s: float = Field(default=0.5, gt=0.05, le=10,
+                           description="length of one probe round, seconds (n + 2 rounds)")
     replan_threshold: float = Field(default=0.25, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
-                                                "[ref / (1 + t), ref * (1 + t)]")
+                                                "[ref / (1 + t), ref * (1 + t)]; t a fraction (0.25: 25 percent)")
 
 
 @functools.lru_cache(maxsize=8)

@@ -41,7 +41,8 @@ PROBE_ROUNDS, PROBE_PAUSE_S = 5, 0.1
 
 
 class GlooParams(BucketParams):
-    timeout_s: float = Field(default=300.0, gt=0, le=604_800, description="a collective stalled this long fails")
+    timeout_s: float = Field(default=300.0, gt=0, le=604_800,
+                             description="a collective stalled this many seconds fails")
 
 
 @dataclass(eq=False, kw_only=True)

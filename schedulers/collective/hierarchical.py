@@ -48,7 +48,7 @@ from schedulers.transport.peers import Acceptor, Hello, dial
 class HierarchicalParams(BucketParams):
     chunk_kb: int = Field(default=256, gt=0, le=1_048_576, description="largest frame sent, KiB")
     segment_chunks: int = Field(default=8, ge=1, le=4096, description="cut each of the leaders' ring segments "
-                                "into at least this many chunks (none under 16 KiB)")
+                                "into at least this many chunks (a count; none under 16 KiB)")
 
 
 def groups(topology: dict | None, hosts: list[str]) -> list[list[int]]:

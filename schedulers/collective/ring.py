@@ -55,7 +55,8 @@ class RingParams(BucketParams):
         "order with the highest bottleneck rate on the capacity graph (NCCL's ring search)")
     chunk_kb: int = Field(default=256, gt=0, le=1_048_576, description="largest frame passed around the ring, KiB")
     segment_chunks: int = Field(default=8, ge=1, le=4096,
-                                description="cut each segment into at least this many chunks (none under 16 KiB)")
+                                description="cut each segment into at least this many chunks (a count; none "
+                                            "under 16 KiB)")
 
 
 SEARCH_MAX_WORKERS = 9  # (n-1)! orders: 40,320 at 9 workers, a fraction of a second

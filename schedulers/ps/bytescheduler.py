@@ -21,8 +21,8 @@ from schedulers.ps.client import CommTask, PSParams, PSScheduler
 
 
 class ByteSchedulerParams(PSParams):
-    partition_numel: int = Field(default=1_000_000, gt=0, description="parameters per partition")
-    credit_numel: int = Field(default=4_000_000, gt=0, description="parameters in flight at most")
+    partition_numel: int = Field(default=1_000_000, gt=0, description="elements (parameters) per partition")
+    credit_numel: int = Field(default=4_000_000, gt=0, description="elements (parameters) in flight at most")
 
 
 class ByteScheduler(PSScheduler):
