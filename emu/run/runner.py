@@ -105,7 +105,29 @@ def environment() -> dict[str, Any]:
         "kernel": platform.release(),
         "sysctls": sysctls,
         "cpus": os.cpu_count(),
+        **machine(),
     }
+
+
+def machine(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """The machine beside its CPU count, for a figure's provenance: the CPU's model (the first
+    `model name` of /proc/cpuinfo, else platform.processor(), None where neither says) and the
+    physical memory in bytes (None where sysconf does not know it)."""
+    model = None
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                model = value.strip()
+                break
+    except OSError:
+        pass
+    model = model or platform.processor() or None
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = None
+    return {"cpu_model": model, "memory_bytes": memory if memory and memory > 0 else None}
 
 
 def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path, wall: WallPlan | None = None
