@@ -3,11 +3,18 @@ summary table, the fidelity verdicts and the papers' claims beside what was meas
 
     ./inv report results/<sweep>      ->  results/<sweep>/report/report.md
 
+Each table of the report is also written beside it as CSV and LaTeX (`<name>.csv`,
+`<name>.tex`); each figure's caption names its provenance (the commit that drew it, the result
+set, the commit the runs used and their machine), which its PNG and PDF carry as metadata.
+`style="paper"`: figures without titles, as wide as `width` inches, fonts embedded; the
+captions still say what each shows.
+
 Everything in it is computed from the sweep's files; nothing is typed in by hand, so
 re-running it after more runs completes updates every number.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import inspect
 import json
@@ -42,14 +49,70 @@ FIGURES = [  # (file stem, heading, function, caption)
 ]
 
 
-def md_table(df: pd.DataFrame) -> str:
-    """A pipe table (pandas' to_markdown needs tabulate, which the harness does not pin)."""
+_EXPORT: dict = {"dir": None, "names": []}  # where write_report writes its tables' CSV and LaTeX
+
+
+@contextlib.contextmanager
+def _exporting(out_dir: Path):
+    before = dict(_EXPORT)
+    _EXPORT.update(dir=Path(out_dir), names=[])
+    try:
+        yield _EXPORT
+    finally:
+        _EXPORT.clear()
+        _EXPORT.update(before)
+
+
+def export_table(df: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path]:
+    """`df` as `<name>.csv` and `<name>.tex` (a LaTeX tabular, booktabs rules) in `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv, tex = out_dir / f"{name}.csv", out_dir / f"{name}.tex"
+    df.to_csv(csv, index=False)
+    text = df.astype(str).map(lambda v: v.replace("–", "--"))
+    tex.write_text(text.to_latex(index=False, escape=True))
+    return csv, tex
+
+
+def md_table(df: pd.DataFrame, name: str | None = None) -> str:
+    """A pipe table (pandas' to_markdown needs tabulate, which the harness does not pin). With
+    `name`, inside write_report, the table also goes beside the report as CSV and LaTeX."""
+    if name is not None and _EXPORT["dir"] is not None:
+        stem = name if name not in _EXPORT["names"] else f"{name}_{len(_EXPORT['names'])}"
+        _EXPORT["names"].append(stem)
+        export_table(df, _EXPORT["dir"], stem)
+
     def cell(v) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(cell(c) for c in df.columns) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
+
+
+def _figure_note(png: Path) -> str:
+    """A caption's end: in the paper style what the dropped title said, then the figure's
+    provenance (from its own metadata) and its PDF."""
+    meta = plots.provenance_of(png)
+    what = f"{meta['Description']}. " if meta.get("Style") == "paper" and meta.get("Description") else ""
+    return f"{what}{plots.provenance_caption(png)} ([PDF]({png.with_suffix('.pdf').name}))"
+
+
+def configurations_legend(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each configuration's short label beside its full point: every swept key and its value,
+    one row each (the label only on its configuration's first row), so it reads at 80 columns."""
+    keys = swept_keys(runs)
+    rows = []
+    for config, grp in runs.groupby("config", sort=False):
+        r = grp.iloc[0]
+        for i, k in enumerate(keys):
+            v = r.get(f"point.{k}")
+            v = int(v) if isinstance(v, float) and v.is_integer() else v
+            rows.append({"configuration": config if i == 0 else "", "key": f"{key_label(k, runs)} (`{k}`)",
+                         "value": v})
+        if not keys:
+            rows.append({"configuration": config, "key": "–", "value": "–"})
+    return pd.DataFrame(rows, columns=["configuration", "key", "value"])
 
 
 def _ci(est: float, lo: float, hi: float, fmt: str) -> str:
@@ -141,7 +204,7 @@ def _bounds(runs: pd.DataFrame) -> list[str]:
                      "_sort": order.index(sched)})
     table = pd.DataFrame(rows)
     table["_cfg"] = table["configuration"].map({c: i for i, c in enumerate(dict.fromkeys(runs["config"]))})
-    out += [md_table(table.sort_values(["_cfg", "_sort"]).drop(columns=["_cfg", "_sort"])), "",
+    out += [md_table(table.sort_values(["_cfg", "_sort"]).drop(columns=["_cfg", "_sort"]), "bounds"), "",
             "Bounds in ms include compute (the larger of the two); efficiencies are means over runs. Measured: "
             "the median iteration, or the mean over the measured window where the capacity varied in it."]
     return out
@@ -215,9 +278,9 @@ def _fidelity(runs_all: pd.DataFrame) -> list[str]:
     if len(f["reasons"]):
         out += ["", "Why runs failed the check (a run can fail for several reasons):", "",
                 md_table(f["reasons"].rename(columns={"category": "reason", "runs": "runs affected",
-                                                      "example": "example"}))]
+                                                      "example": "example"}), "fidelity_reasons")]
     if len(f["not_completed"]):
-        out += ["", "Runs that did not complete:", "", md_table(f["not_completed"])]
+        out += ["", "Runs that did not complete:", "", md_table(f["not_completed"], "not_completed")]
     return out
 
 
@@ -232,7 +295,8 @@ def _physics(broken: pd.DataFrame) -> list[str]:
     order = plots.scheduler_order(broken["scheduler"])
     table = broken.assign(_sort=broken["scheduler"].map(order.index)).sort_values(["config", "_sort", "run_id"])
     out.append(md_table(pd.DataFrame({"run": table["run_id"], "scheduler": table["scheduler"],
-                                      "configuration": table["config"], "why": table["physics_reasons"]})))
+                                      "configuration": table["config"], "why": table["physics_reasons"]}),
+                        "physics"))
     return out
 
 
@@ -279,7 +343,7 @@ def _forest(runs: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
                             ("predicted", "measured", "agreement", "forest_efficiency", "baseline_efficiency")},
                          forest_ms=table["forest_ms"].map("{:.0f}".format),
                          baseline_ms=table["baseline_ms"].map("{:.0f}".format))
-    out += [md_table(shown), ""]
+    out += [md_table(shown, "forest"), ""]
     if "largest" in top:
         out += [f"- Largest measured forest/ring (or gloo): **{top['ring_allreduce']:.2f}x** "
                 f"({top['ring_allreduce_where']}; predicted {top['ring_allreduce_predicted']:.2f}x).",
@@ -292,11 +356,11 @@ def _forest(runs: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
                 "loads the slow ones), not by the forest's execution.", ""]
     try:
         png = plots.predicted_measured_plot(table, out=out_dir / "forest_predicted_measured.png",
-                                            formats=("png", "pdf"))
+                                            formats=("png", "pdf"), sweep_dir=sweep_dir, run_ids=runs["run_id"])
         out += [f"![Predicted against measured]({png.name})", "",
                 "Each point is one baseline at one network; on the solid line measured equals predicted, on "
                 f"the dashed one it is {forest_compare.TARGET_AGREEMENT} of it. "
-                f"([PDF]({png.with_suffix('.pdf').name}))", ""]
+                f"{_figure_note(png)}", ""]
     except NoResults as e:
         out += [f"*Not drawn:* {e}.", ""]
     return out
@@ -312,7 +376,7 @@ def _replan(sweep_dir: Path, out_dir: Path) -> list[str]:
             "Iteration time of each forest run, per configuration: the forest that plans on what it measures "
             "(dotted lines: where a new plan took effect) beside the one that keeps the plan of the configured "
             f"rates. Each plan, its reason and the rates it assumed are in the run's scheduler_info.json. "
-            f"([PDF]({png.with_suffix('.pdf').name}))", ""]
+            f"{_figure_note(png)}", ""]
 
 
 def startup_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -355,13 +419,13 @@ def _startup(runs: pd.DataFrame, iters: pd.DataFrame, sweep_dir: Path, out_dir: 
            "(the gain = largest / best), the other schedulers' times, and mercury's speed-up over the best "
            "bytescheduler (its time / mercury's) with a 95% interval (see Setup for the method). The best "
            "partition is the fastest measured, so its time is biased low where runs are few.", "",
-           md_table(startup_table(table)), ""]
+           md_table(startup_table(table), "startup"), ""]
     try:
         png = plots.startup_plot(sweep_dir, out=out_dir / "startup.png", formats=("png", "pdf"))
         out += [f"![Start-up cost]({png.name})", "",
                 "bytescheduler's iteration time against its partition size, one colour per start-up cost, with "
                 "95% intervals; fifo, p3 and mercury at the same cost as horizontal lines of that colour. "
-                f"([PDF]({png.with_suffix('.pdf').name}))", ""]
+                f"{_figure_note(png)}", ""]
     except NoResults as e:
         out += [f"*Not drawn:* {e}.", ""]
     return out
@@ -391,7 +455,7 @@ def _faults(runs_all: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]
            "(median over runs). Longest stall: the longest time any role made no progress around a fault, "
            "as the watchdog saw it (to about 0.5 s). Named after: for runs a fault ended, the time from the "
            "fault to the run's reason. The median iteration hides a pause; the mean shows it.", "",
-           md_table(faults_table(table)), ""]
+           md_table(faults_table(table), "faults"), ""]
     failed = runs_all[(runs_all["status"] != "ok") & faults_mod.with_scenarios(runs_all)["scenario"].ne(
         faults_mod.NONE)]
     for _, r in failed.iterrows():
@@ -403,17 +467,27 @@ def _faults(runs_all: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]
         out += [f"![Faults]({png.name})", "",
                 "Left: each scheduler's fault cost per scenario (a cross: the fault ended the run). Then, per "
                 "scenario, one run's iteration time against the time since its roles were launched, the planned "
-                f"fault spans shaded. ([PDF]({png.with_suffix('.pdf').name}))", ""]
+                f"fault spans shaded. {_figure_note(png)}", ""]
     except NoResults as e:
         out += [f"*Not drawn:* {e}.", ""]
     return out
 
 
-def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str | None = None) -> Path:
-    """Write report.md and its figures into `out_dir` (default: <sweep>/report); returns its path.
-    `baseline` None: the scheduler declared the baseline (analysis/catalog.py)."""
+def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str | None = None, style: str = "screen",
+                 width: float | None = None, commit: str | None = None, source: str | None = None) -> Path:
+    """Write report.md, its figures and its tables' CSV and LaTeX into `out_dir` (default:
+    <sweep>/report); returns its path. `baseline` None: the scheduler declared the baseline
+    (analysis/catalog.py). `style`, `width`: the figures' (plots.figure_context); `commit`: the
+    code drawing them, as the caller knows it (analysis reads stored files only); `source`: how
+    to name the result set (default: the sweep directory)."""
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir) if out_dir else sweep_dir / "report"
+    with plots.figure_context(style=style, width=width, commit=commit, source=source or str(sweep_dir)), \
+            _exporting(out_dir):
+        return _write_report(sweep_dir, out_dir, baseline)
+
+
+def _write_report(sweep_dir: Path, out_dir: Path, baseline: str | None) -> Path:
     runs_all = load_runs(sweep_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = runs_all["sweep"].iloc[0] if len(runs_all) else sweep_dir.name
@@ -433,6 +507,9 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str | N
     runs_all = physics.carry(runs_all, runs)  # the verdicts the Fidelity section counts
     facts = config_facts(runs, sweep_dir)
     md += ["## Setup", "", *_setup(runs_all, runs, facts), *_provenance(sweep_dir, runs), ""]
+    if swept_keys(runs):
+        md += ["### Configurations", "", "What each configuration label in the tables and figures stands for: "
+               "every swept key and its value.", "", md_table(configurations_legend(runs), "configurations"), ""]
     broken = physics.broken(runs)
     if len(broken) == len(runs):
         md += ["## Runs that break physics", "", *_physics(broken), "", "**Every completed run breaks physics**, "
@@ -443,7 +520,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str | N
     if len(broken):  # listed, not averaged: every table, speedup and figure below is of the other runs
         runs = runs[~runs["run_id"].isin(broken["run_id"])]
         iters = iters[iters["run_id"].isin(runs["run_id"])]
-    md += ["## Summary", "", md_table(summary(runs, iters, baseline)), "",
+    md += ["## Summary", "", md_table(summary(runs, iters, baseline), "summary"), "",
            "Iteration time: geometric mean of the runs' median iteration times, or the median of pooled "
            "iterations (see Setup). Blocked on gradients: median time a worker waited for aggregates, as a "
            "share of the median iteration. Efficiency: the lower bound of the scheduler's model / measured "
@@ -463,7 +540,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str | N
         except NoResults as e:  # includes plots.Skipped
             md += [f"*Not drawn:* {e}.", ""]
             continue
-        md += [f"![{heading}]({png.name})", "", f"{caption} ([PDF]({png.with_suffix('.pdf').name}))", ""]
+        md += [f"![{heading}]({png.name})", "", f"{caption} {_figure_note(png)}", ""]
     md += _forest(runs, sweep_dir, out_dir)
     md += _replan(sweep_dir, out_dir)
     md += _startup(runs, iters, sweep_dir, out_dir)

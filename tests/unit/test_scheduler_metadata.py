@@ -247,7 +247,7 @@ def test_a_reports_figures_colour_every_scheduler_apart_and_the_same_in_each(tmp
     drawn: dict[str, dict[str, tuple]] = {}
     save = plots._save
 
-    def spy(fig, out, formats):  # every scheduler's colour in the figure's legends
+    def spy(fig, out, formats, *args, **kw):  # every scheduler's colour in the figure's legends
         seen: dict[str, set] = {}
         for ax in fig.axes:
             for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -255,7 +255,7 @@ def test_a_reports_figures_colour_every_scheduler_apart_and_the_same_in_each(tmp
                     seen.setdefault(label, set()).add(_rgb(handle))
         assert all(len(c) == 1 for c in seen.values()), (out, seen)  # one colour per scheduler in a figure
         drawn[Path(out).stem] = {k: c.pop() for k, c in seen.items()}
-        return save(fig, out, formats)
+        return save(fig, out, formats, *args, **kw)
 
     sweep = _sweep(tmp_path)
     names = set(load_runs(sweep)["scheduler"])
