@@ -28,9 +28,12 @@ taken to be that origin (`otherData.monitor_aligned` is then false).
 iteration table), `compute` (per step a `forward` and a `backward` slice: forward_start to the
 start of backward, then to backward_end), `layers` (per layer and step its `wait` for the
 previous iteration's aggregates, its `forward` and its `backward`, from layers.parquet), and
-one thread per tensor key (`key K`: per iteration a `push` slice from the tensor's first
-`send` to its last `recv` event, and every scheduler event of that key as an instant named by
-its kind, args chunk and iteration). Servers that traced get a process each, with their events
+one thread per tensor key (`key K`, and `key K (2)`... where a push overlaps the key's
+previous one; per iteration a `push` slice from the tensor's first
+scheduler event to its last, which for the parameter servers and most collectives is its
+first chunk sent to its aggregate received, for a forest's root its aggregate to its last
+chunk sent down; and every scheduler event of that key as an instant named by its kind, args
+chunk and iteration). Servers that traced get a process each, with their events
 as instants per key. A `network` process holds two counter tracks per link direction:
 `<link> utilisation` in % (achieved rate / configured rate, links.parquet) and `<link>
 queue` in bytes (backlog, qdiscs.parquet); the unit is the counter's one arg, which Perfetto
@@ -60,6 +63,10 @@ from analysis.tables import NoResults
 US = 1e6
 # thread ids within a worker's process; tensor keys are KEY_TID + key
 T_ITERATIONS, T_COMPUTE, T_LAYERS, KEY_TID = 1, 2, 3, 100
+# A push that begins before the key's previous one ended (a forest relays partial sums of the
+# next iteration while this one's are still going down) goes on a further lane of its key, as
+# a viewer stacks only slices that nest: lane L of key K is thread KEY_TID + K + LANE_TID x L.
+LANE_TID = 100_000
 T_FAULTS, T_PLANS = 1, 2
 
 
@@ -246,19 +253,24 @@ def _worker(rank: int, its: pd.DataFrame, layers: pd.DataFrame | None, ev: pd.Da
 
 def _events(ev: pd.DataFrame, axis: _Axis, pid: int, pushes: bool) -> list[dict]:
     """Every scheduler event as an instant on its key's thread; with `pushes`, per (key,
-    iteration) a push slice from the first send to the last recv."""
+    iteration) a push slice from its first event to its last."""
     out = []
     for r in ev.itertuples(index=False):
         out.append(_instant(str(r.event), str(r.event), axis.wall(r.t), pid, KEY_TID + int(r.key), "t",
                             _args(key=r.key, chunk=r.chunk, iteration=r.iteration)))
     if pushes:
-        sends = ev[ev["event"] == "send"].groupby(["key", "iteration"])["t"].min()
-        recvs = ev[ev["event"] == "recv"].groupby(["key", "iteration"])["t"].max()
-        both = pd.concat([sends.rename("send"), recvs.rename("recv")], axis=1, join="inner")
-        for (key, it), r in both.sort_index().iterrows():
-            if r["recv"] >= r["send"]:
-                out.append(_slice(f"push {int(key)}", "push", axis.wall(r["send"]), (r["recv"] - r["send"]) * US, pid,
-                                  KEY_TID + int(key), _args(key=key, iteration=it, seconds=r["recv"] - r["send"])))
+        spans = []
+        for (key, it), g in ev.sort_values("t", kind="stable").groupby(["key", "iteration"]):
+            first, last = g.iloc[0], g.iloc[-1]
+            spans.append((axis.wall(first["t"]), axis.wall(last["t"]), int(key), it, first, last, len(g)))
+        lanes: dict[int, list[float]] = {}   # key -> where each of its lanes' last slice ends
+        for start, end, key, it, first, last, n in sorted(spans, key=lambda x: (x[2], x[0])):
+            ends = lanes.setdefault(key, [])
+            lane = next((i for i, e in enumerate(ends) if e <= start), len(ends))
+            ends[lane:lane + 1] = [end]
+            out.append(_slice(f"push {key}", "push", start, end - start, pid, KEY_TID + key + LANE_TID * lane,
+                              _args(key=key, iteration=it, seconds=last["t"] - first["t"], events=n,
+                                    first=first["event"], last=last["event"])))
     return out
 
 
@@ -362,15 +374,17 @@ def build_trace(run_dir: Path) -> dict[str, Any]:
                 w_layers = layers[layers["rank"] == rank] if layers is not None else None
                 for tid, name in ((T_ITERATIONS, "iterations"), (T_COMPUTE, "compute"), (T_LAYERS, "layers")):
                     events += [_meta("thread_name", pid, name, tid), _meta("thread_sort_index", pid, tid, tid)]
-                if len(w_its):
-                    events += _worker(rank, w_its, w_layers, mine, axis, pid)
-                else:
-                    events += _events(mine, axis, pid, pushes=True)
+                made = (_worker(rank, w_its, w_layers, mine, axis, pid) if len(w_its)
+                        else _events(mine, axis, pid, pushes=True))
             else:
-                events += _events(mine, axis, pid, pushes=False)
-            for key in sorted(set(mine["key"].astype(int))):
-                events += [_meta("thread_name", pid, f"key {key}", KEY_TID + key),
-                           _meta("thread_sort_index", pid, KEY_TID + key, KEY_TID + key)]
+                made = _events(mine, axis, pid, pushes=False)
+            events += made
+            used = {e["tid"] for e in made if e["tid"] >= KEY_TID}
+            for tid in sorted(used | {KEY_TID + int(k) for k in mine["key"]}):
+                key, lane = (tid - KEY_TID) % LANE_TID, (tid - KEY_TID) // LANE_TID
+                sort = KEY_TID + key * 100 + lane
+                events += [_meta("thread_name", pid, f"key {key}" + (f" ({lane + 1})" if lane else ""), tid),
+                           _meta("thread_sort_index", pid, sort, tid)]
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run_id": run_dir.name, "sweep": str(row.get("sweep", "")),
                           "scheduler": str(row.get("scheduler", "")), "origin_wall_s": axis.origin,
