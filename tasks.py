@@ -106,8 +106,43 @@ def _ensure_ray() -> None:
                    code=1)
 
 
+def _iteration_bound(exp) -> float | None:
+    """An iteration's analytic lower bound before the run (the dry run's estimate): the larger of
+    the profile's compute and the scheduler's bound model on the configured network (analysis/bounds.py)."""
+    import json
+
+    from analysis import bounds
+    from emu.config.capacity import capacity_graph
+    from schedulers.registry import infos
+    from workloads.config import WorkloadConfig
+
+    try:
+        profile = json.loads(WorkloadConfig.model_validate(exp.workload).profile_path.read_text())
+    except (OSError, ValueError):
+        return None  # no profile for this model and preset: no estimate
+    info = infos().get(exp.scheduler)
+    workers, servers = list(exp.roles.workers), list(exp.roles.servers)
+    model = bounds.bound_model(info.bound_model if info else None, workers, servers)
+    g = bounds.payload_graph(capacity_graph(exp.net))
+    grad = float(profile["grad_bytes"])
+    comm = bounds.cut_bound_s(g, workers, grad) if model in (bounds.CUT, bounds.NO_BOUND) else \
+        bounds.model_bound_s(model, g, workers, servers, grad)
+    return max(float(profile["iteration_s"]) / float(exp.workload.get("speedup", 1.0)), comm)
+
+
+def _dry_run(plan, results: str, force: bool, shard) -> None:
+    from emu.sweeps import dryrun
+
+    text = dryrun.render(plan, dryrun.points(plan, Path(results), _iteration_bound, force=force, shard=shard),
+                         Path(results))
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `--dry-run | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None,
-                ray: str | None = None):
+                ray: str | None = None, dry_run: bool = False):
     """Validate, check against this machine, run and report a config; returns its plan."""
     from emu.config.experiment import ConfigError
     from emu.config.plan import load_plan
@@ -126,6 +161,9 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
             preflight.check(plan)
     except ConfigError as e:
         raise Exit(f"error: {e}", code=2) from None
+    if dry_run:
+        _dry_run(plan, results, force, shard_)
+        return plan
     if not remote:
         _need_root("run")
     if ray is not None:
@@ -162,20 +200,24 @@ _RUN_HELP = {
     "shard": "run only shard i of n, e.g. 0/4 (merge the shards' results with `merge`)",
     "ray": "run the runs as Ray tasks: 'local' (a one-node cluster here), or a head node's HOST:PORT "
            "(docs/scaling.md: From one machine to N); Ray is installed the first time",
+    "dry-run": "print the points, the run count, how many are done and an estimated wall time; create nothing",
 }
 
 
 @task(iterable=["set"], help=_RUN_HELP)
-def run(c, config, set=None, results=str(RESULTS), force=False, shard=None, ray=None):  # noqa: A002 - --set
+def run(c, config, set=None, results=str(RESULTS), force=False, shard=None, ray=None,  # noqa: A002 - --set
+        dry_run=False):
     """Run every experiment of a config; completed runs are skipped (resume after a crash)."""
-    plan = _run_config(config, set or [], results, force, shard, ray)
-    print(f"results: {Path(results) / plan.name / 'runs.parquet'}")
+    plan = _run_config(config, set or [], results, force, shard, ray, dry_run=dry_run)
+    if not dry_run:
+        print(f"results: {Path(results) / plan.name / 'runs.parquet'}")
 
 
 @task(iterable=["set"], help=_RUN_HELP)
-def sweep(c, config, set=None, results=str(RESULTS), force=False, shard=None, ray=None):  # noqa: A002
+def sweep(c, config, set=None, results=str(RESULTS), force=False, shard=None, ray=None,  # noqa: A002
+          dry_run=False):
     """Run a sweep file (base config x grid x zip x seeds x repeats); resumable, shardable, on Ray with --ray."""
-    run(c, config, set=set, results=results, force=force, shard=shard, ray=ray)
+    run(c, config, set=set, results=results, force=force, shard=shard, ray=ray, dry_run=dry_run)
 
 
 _TUNE_HELP = {
@@ -190,12 +232,13 @@ _TUNE_HELP = {
     "seed": "the sampler's seed (default 0)",
     "sampler": "tpe (default) or gp: optuna's TPE or Gaussian-process sampler",
     "max-minutes": "start no trial that would end past this many minutes of this call",
+    "dry-run": "print the setting, the budget, the trials done and an estimated wall time; create nothing",
 }
 
 
 @task(iterable=["set"], help=_TUNE_HELP)
 def tune(c, config, scheduler=None, budget=None, set=None, results=str(RESULTS), point=None,  # noqa: A002
-         name=None, seed="0", sampler="tpe", max_minutes=None):
+         name=None, seed="0", sampler="tpe", max_minutes=None, dry_run=False):
     """Tune a scheduler's tunables on one network setting by Bayesian optimisation (optuna); resumable."""
     from emu.config.experiment import ConfigError
     from emu.sweeps.tune import prepare
@@ -207,6 +250,11 @@ def tune(c, config, scheduler=None, budget=None, set=None, results=str(RESULTS),
         spec = prepare(config, scheduler, budget, _sections(), set or [], point=point, name=name, seed=seed,
                        sampler=sampler, max_minutes=max_minutes, results_root=Path(results), command=command)
         preflight.check([spec.base])
+        if dry_run:
+            from emu.sweeps.dryrun import render_tune
+
+            print(render_tune(spec, Path(results), _iteration_bound))
+            return
     except ConfigError as e:
         raise Exit(f"error: {e}", code=2) from None
     _need_root("tune")
@@ -272,18 +320,74 @@ def analyze(c, sweep, run_id=None):
 @task(help={"sweep": "results directory of a sweep, e.g. results/mini",
             "baseline": "the scheduler speedups are measured against (default: the one its class declares the "
                         "baseline, fifo)",
-            "out": "where to write report.md and its figures (default: <sweep>/report)"})
-def report(c, sweep, baseline=None, out=None):
-    """Write a sweep's report: figures (PNG and PDF), summary with 95% CIs, fidelity, paper claims."""
+            "out": "where to write report.md and its figures (default: <sweep>/report)",
+            "style": "screen (default: titles) or paper (no titles, fonts embedded, --width inches wide)",
+            "width": "the figures' width in inches (default: 3.5 with --style paper, per panel otherwise)"})
+def report(c, sweep, baseline=None, out=None, style="screen", width=None):
+    """Write a sweep's report: figures (PNG, PDF), tables (also CSV, LaTeX), summary with 95% CIs, fidelity, claims."""
     from analysis.report import write_report
     from analysis.tables import NoResults
 
+    if style not in ("screen", "paper"):
+        raise Exit(f"error: --style {style!r}: screen or paper", code=2)
     _hand_over_infos()
     try:
-        path = write_report(Path(sweep), Path(out) if out else None, baseline=baseline)
+        path = write_report(Path(sweep), Path(out) if out else None, baseline=baseline, style=style,
+                            width=_width(width), commit=_commit())
     except NoResults as e:
         raise Exit(f"error: {e}", code=2) from None
     print(f"report: {path}")
+
+
+def _width(text) -> float | None:
+    if text is None:
+        return None
+    try:
+        width = float(text)
+    except ValueError:
+        width = 0.0
+    if not width > 0:
+        raise Exit(f"error: --width {text!r}: a width in inches, e.g. 3.5", code=2)
+    return width
+
+
+def _commit() -> str:
+    """The code drawing a figure: git's short SHA, "+dirty" where tracked files changed (a tree
+    without git: SCHEDLAB_GIT_SHA, as on a Ray node, else "unknown")."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        try:
+            r = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True)
+        except OSError:
+            return ""
+        return r.stdout.strip() if r.returncode == 0 else ""
+
+    sha = git("rev-parse", "--short", "HEAD") or os.environ.get("SCHEDLAB_GIT_SHA", "")[:7]
+    if not sha:
+        return "unknown"
+    return sha + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+@task(iterable=["only"], help={"out": "where to write the figures (default: docs/)",
+                               "results": "where the long sweeps' results are (default: results/)",
+                               "only": "only this figure file or sweep name (repeatable)",
+                               "keep": "first copy these sweeps' results (a results root, e.g. /tmp/figsets) into "
+                                       "the committed small sets, examples/results/<sweep> (what the figures read)"})
+def figures(c, out=str(REPO / "docs"), results=str(RESULTS), only=None, keep=None):
+    """Draw every figure of docs/ again: from a long sweep's results where present, else its committed small set."""
+    from analysis import figures as figs
+
+    _hand_over_infos()
+    if keep:
+        for f in figs.FIGURES:
+            if (Path(keep) / f.sweep / "runs.parquet").exists() and (not only or f.sweep in only or f.file in only):
+                size = figs.keep_set(Path(keep) / f.sweep, REPO / figs.COMMITTED / f.sweep)
+                print(f"kept {Path(keep) / f.sweep} as {figs.COMMITTED / f.sweep} ({size / 1e3:.0f} kB)")
+    outcomes = figs.regenerate(Path(out), REPO, Path(results), commit=_commit(), only=only or None)
+    print(figs.table(outcomes))
+    if not any(o.path for o in outcomes):
+        raise Exit("error: no figure drawn (table above: what is missing)", code=1)
 
 
 @task(help={"results": "results root (default: results/)", "force": "re-run completed runs"})
@@ -406,6 +510,100 @@ def trace(c, run_dir, out=None):
           f"{(last - first) / 1e6:.3f} s from {first / 1e6:.3f} s)")
     for kind, by_cat in counts(built).items():
         print(f"  {kind}: " + (", ".join(f"{cat} {n}" for cat, n in by_cat.items()) or "none"))
+
+
+CONFIG_REFERENCE = REPO / "docs" / "config-reference.md"
+
+
+def _config_reference(installed: bool = False):
+    """The config reference (emu/config/reference.py) of the experiment, the workload and the registry's
+    schedulers: the built-in ones (what docs/config-reference.md holds, the same on every machine), or
+    with `installed` those of installed packages' entry points too."""
+    from emu.config import reference
+    from emu.config.experiment import Experiment
+    from schedulers.registry import PLUGIN_SPECS, params_models
+    from workloads.config import WorkloadConfig
+
+    schedulers = _sections().schedulers if installed else {
+        n: m for n, m in params_models().items() if n not in PLUGIN_SPECS}
+    return reference.collect(Experiment, workload=WorkloadConfig, schedulers=schedulers)
+
+
+def _config_reference_markdown() -> str:
+    from emu.config.reference import render_markdown
+
+    return render_markdown(_config_reference(), command="./inv explain --write")
+
+
+def _may_be_left_out():
+    """invoke's Task for `explain`, whose positional KEY may be left out (invoke requires every
+    positional argument): the argument reads as unset, so the parser hands it the next word,
+    except to the parser's check that every positional argument got one."""
+    from invoke import Argument, Task
+
+    class LeftOut(Argument):
+        @property
+        def value(self):
+            if self._value is None and self.default is None:
+                frame = sys._getframe(1)
+                for _ in range(6):
+                    if frame is None:
+                        break
+                    if frame.f_code.co_name == "complete_context":
+                        return ""
+                    frame = frame.f_back
+            return self._value if self._value is not None else self.default
+
+        @value.setter
+        def value(self, arg):
+            self.set_value(arg, cast=True)
+
+    class OptionalPositional(Task):
+        def get_arguments(self, ignore_unknown_help=None):
+            return [LeftOut(names=a.names, kind=a.kind, default=a.default, help=a.help, positional=True,
+                            attr_name=a.attr_name) if a.positional else a
+                    for a in super().get_arguments(ignore_unknown_help)]
+
+    return OptionalPositional
+
+
+@task(klass=_may_be_left_out(), positional=["key"],
+      help={"key": "a dotted key (fidelity.window_s, topology.hosts.0.name) or a section (topology); "
+                   "left out: the top-level keys",
+            "write": f"write {CONFIG_REFERENCE.relative_to(REPO)} from the models"})
+def explain(c, key=None, write=False):
+    """What a config key means: its type, default, unit, range, meaning and an example (the models' own
+    descriptions; docs/config-reference.md lists every key)."""
+    from emu.config.experiment import ConfigError
+    from emu.config.reference import SWEEP, UnknownKey, find, render_key
+
+    if write:
+        text = _config_reference_markdown()
+        CONFIG_REFERENCE.write_text(text)
+        print(f"wrote {CONFIG_REFERENCE.relative_to(REPO)} ({len(_config_reference().keys())} keys)")
+        if not key:
+            return
+    try:
+        ref = _config_reference(installed=True)
+    except ConfigError as e:
+        raise Exit(f"error: {e}", code=2) from None
+    if not key:
+        tops = ref.top_level()
+        width = max(len(k.path) for k in tops) + 2
+        print("config keys (./inv explain KEY: one key, or a section's keys; all: docs/config-reference.md):")
+        for k in tops:
+            if k.when != SWEEP:
+                print(f"  {k.path:<{width}}{k.meaning}")
+        print("sweep and plan files (emu/config/plan.py):")
+        for k in tops:
+            if k.when == SWEEP:
+                print(f"  {k.path:<{width}}{k.meaning}")
+        return
+    try:
+        keys = find(ref, key)
+    except UnknownKey as e:
+        raise Exit(f"error: {e}", code=2) from None
+    print("\n\n".join(render_key(k) for k in keys))
 
 
 @task(name="fresh-os", help={"full": "run the README's test command (./inv test) instead of the fast tier",

@@ -20,6 +20,7 @@ import yaml
 
 from analysis import catalog
 from contracts.iterations import measured
+from contracts.point_label import POINT_NAME, point_from_columns, short_labels
 from contracts.scheduler_info import LEGACY_BOUND_MODELS
 
 
@@ -328,7 +329,8 @@ def swept_keys(runs: pd.DataFrame, treatments: bool = False) -> list[str]:
     keys = []
     for col in runs.columns:
         key = col[len("point."):]
-        if col.startswith("point.") and (key != "scheduler" if treatments else not _not_configuration(key)):
+        if col.startswith("point.") and key != POINT_NAME and \
+                (key != "scheduler" if treatments else not _not_configuration(key)):
             if runs[col].map(_scalar).nunique(dropna=True) > 1:
                 keys.append(col[len("point."):])
     return keys
@@ -371,6 +373,14 @@ def _value_text(key: str, v) -> str:
     return f"{v}{unit}"
 
 
+def _host_names(runs: pd.DataFrame) -> list[str] | None:
+    """The configured hosts' names (`topology.hosts`), to name `topology.hosts.N.*` keys by."""
+    try:
+        return [h["name"] for h in json.loads(runs["topology.hosts"].iloc[0])]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
 def add_configurations(runs: pd.DataFrame, sweep_dir: Path | None = None) -> pd.DataFrame:
     """Add `config_id` and `config` (a readable label) to each run.
 
@@ -387,17 +397,12 @@ def add_configurations(runs: pd.DataFrame, sweep_dir: Path | None = None) -> pd.
         ids.append(_hash(_config_ident(run, list(runs.columns), _resolved(run, sweep_dir))))
     runs["config_id"] = ids
     keys = swept_keys(runs)
-
-    def label(run) -> str:
-        if keys:
-            return ", ".join(f"{key_label(k, runs).split(' (')[0]} {_value_text(k, _scalar(run[f'point.{k}']))}"
-                             for k in keys)
-        if str(run.get("network", "") or ""):
-            return str(run["network"])
-        return "all runs" if single else run["config_id"]
-
     single = runs["config_id"].nunique() == 1
-    runs["config"] = [label(r) for _, r in runs.iterrows()]
+    if keys or f"point.{POINT_NAME}" in runs:
+        runs["config"] = short_labels([point_from_columns(r) for r in runs.to_dict("records")], _host_names(runs))
+    else:
+        runs["config"] = [str(r.get("network", "") or "") or ("all runs" if single else r["config_id"])
+                          for _, r in runs.iterrows()]
     # Equal labels for different configs (e.g. runs of an older version of the same grid)
     clash = runs.groupby("config")["config_id"].transform("nunique") > 1
     runs.loc[clash, "config"] = runs.loc[clash, "config"] + " [" + runs.loc[clash, "config_id"] + "]"

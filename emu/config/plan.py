@@ -12,10 +12,12 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contracts.point_label import NAME_PATTERN, POINT_NAME, short_labels
 from emu.config import yaml_input
 from emu.config.errors import quote
 from emu.config.experiment import ConfigError, Experiment, Sections, validate_experiment
@@ -47,6 +49,12 @@ class Plan:
     def paths_from(self) -> Path:
         """The directory relative paths start from, to validate a variant of an experiment."""
         return self.base_dir if self.base_dir is not None else self.source.parent
+
+    def labels(self) -> list[str]:
+        """Each experiment's short label among the plan's points (contracts/point_label.py)."""
+        hosts = self.experiments[0].resolved().get("topology", {}).get("hosts") or []
+        names = [h.get("name") for h in hosts if isinstance(h, dict)]
+        return short_labels(self.points, names or None)
 
     def __post_init__(self) -> None:
         if not self.points:  # no grid: one empty point per experiment
@@ -164,15 +172,41 @@ def _listing(raw: dict, key: str) -> dict[str, list]:
     if not isinstance(value, dict):
         raise ConfigError(f"{key}: must be a mapping of config keys to lists of values")
     for k, vals in value.items():
+        if key == "grid" and isinstance(vals, dict) and vals:
+            continue  # names -> values (_named_values)
         if not isinstance(vals, list) or not vals:
-            raise ConfigError(f"{key}.{k}: must be a non-empty list of values")
+            raise ConfigError(f"{key}.{k}: must be a non-empty list of values"
+                              + (" (or a mapping of short names to values)" if key == "grid" else ""))
     return value
 
 
-def _take_plan_keys(raw: dict[str, Any]) -> tuple[dict[str, list], dict[str, list], int]:
-    """grid (seeds included), zip and repeats, taken out of the config."""
+def _check_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        raise ConfigError(f"{where}: a point's short name must be text of 1-40 letters, digits, spaces and "
+                          f"_.,:;=+/()%- starting with a letter or digit, got {quote(name)}")
+    return name
+
+
+def _named_values(grid: dict[str, Any]) -> dict[str, list[str]]:
+    """Grid keys given as `{short name: value}`: their values into the grid as a list, their names returned."""
+    if POINT_NAME in grid:
+        raise ConfigError(f"grid.{POINT_NAME}: names points of a zip; in a grid, give a key's values names "
+                          f"instead (grid: {{topology: {{star: ..., racks: ...}}}})")
+    names = {}
+    for k, vals in grid.items():
+        if isinstance(vals, dict):
+            names[k] = [_check_name(n, f"grid.{k}") for n in vals]
+            grid[k] = list(vals.values())
+    return names
+
+
+def _take_plan_keys(raw: dict[str, Any]) -> tuple[dict[str, list], dict[str, list], int, dict[str, list[str]]]:
+    """grid (seeds included), zip, repeats and the short names of grid values, taken out of the config."""
     grid = _listing(raw, "grid")
+    names = _named_values(grid)
     zipped = _listing(raw, "zip")
+    for i, n in enumerate(zipped.get(POINT_NAME, [])):
+        _check_name(n, f"zip.{POINT_NAME}.{i}")
     seeds = raw.pop("seeds", None)
     if seeds is not None:
         if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and x >= 0 for x in seeds):
@@ -185,7 +219,7 @@ def _take_plan_keys(raw: dict[str, Any]) -> tuple[dict[str, list], dict[str, lis
     if len(set(lengths.values())) > 1:
         raise ConfigError("zip: lists must have equal lengths (" +
                           ", ".join(f"{k} has {n}" for k, n in lengths.items()) + ")")
-    return grid, zipped, repeats
+    return grid, zipped, repeats, names
 
 
 def _count(raw: dict[str, Any], grid: dict[str, list], zipped: dict[str, list], repeats: int) -> tuple[int, int]:
@@ -211,8 +245,11 @@ def _count(raw: dict[str, Any], grid: dict[str, list], zipped: dict[str, list], 
 
 
 def _expand(raw: dict[str, Any], grid: dict[str, list], zipped: dict[str, list], sections: Sections,
-            base_dir: Path, values: int, points_total: int) -> tuple[list[Experiment], list[dict[str, Any]]]:
-    """Each grid point (Cartesian product of grid, times the zip) validated as it is made."""
+            base_dir: Path, values: int, points_total: int, names: dict[str, list[str]]
+            ) -> tuple[list[Experiment], list[dict[str, Any]]]:
+    """Each grid point (Cartesian product of grid, times the zip) validated as it is made. A
+    point's short name (`point_name`: the zip's, and the names of its grid values) is in the
+    point, not in the experiment, so naming points changes no run id."""
     zip_points = [dict(zip(zipped, vals, strict=True)) for vals in zip(*zipped.values(), strict=True)] \
         if zipped else [{}]
     experiments: list[Experiment] = []
@@ -220,12 +257,17 @@ def _expand(raw: dict[str, Any], grid: dict[str, list], zipped: dict[str, list],
     keys = list(grid)
     size = 0
     traces: dict = {}
-    for combo in itertools.product(*(grid[k] for k in keys)):
+    for combo in itertools.product(*(range(len(grid[k])) for k in keys)):
         for zp in zip_points:
-            point = {**dict(zip(keys, combo, strict=True)), **zp}
+            point = {**{k: grid[k][i] for k, i in zip(keys, combo, strict=True)}, **zp}
+            named = [names[k][i] for k, i in zip(keys, combo, strict=True) if k in names]
+            named += [zp[POINT_NAME]] if POINT_NAME in zp else []
+            point.pop(POINT_NAME, None)
             variant = dict(raw)
             for k, v in point.items():
                 set_dotted(variant, k, v, copy_path=True)
+            if named:
+                point[POINT_NAME] = " · ".join(named)
             try:
                 experiments.append(validate_experiment(variant, sections, base_dir, traces))
             except ConfigError as e:
@@ -247,6 +289,8 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
     another config file, updated by `set: {dotted.key: value}`. On top of it:
     - `grid`: dotted keys -> lists of values; their Cartesian product is run;
     - `zip`: dotted keys -> lists of equal length, taken together (one point per index);
+      `point_name` in a zip names its points (reports, progress and dry runs show the name);
+    - a grid key given as a mapping `{short name: value}` names its values the same way;
     - `seeds`: a list of seeds (a grid over `seed`);
     - `repeats`: how often each point runs (default 1); each repeat has its own run_id.
     `overrides` (`key=value`, from --set) apply to the experiment before the grid.
@@ -262,8 +306,8 @@ def load_plan(path: str | Path, sections: Sections, overrides: list[str] = ()) -
     for text in overrides:
         k, v = parse_override(text)
         set_dotted(raw, k, v)
-    grid, zipped, repeats = _take_plan_keys(raw)
+    grid, zipped, repeats, names = _take_plan_keys(raw)
     points_total, values = _count(raw, grid, zipped, repeats)
-    experiments, points = _expand(raw, grid, zipped, sections, base_dir, values, points_total)
+    experiments, points = _expand(raw, grid, zipped, sections, base_dir, values, points_total, names)
     return Plan(name=experiments[0].name, experiments=experiments, repeats=repeats, source=path, points=points,
                 base_dir=base_dir)

@@ -290,13 +290,13 @@ class Nodes:
             raise RuntimeError(f"no node offers the resource {RESOURCE!r} for {NO_NODE_S} s; runs left unrun")
 
 
-def _submit(ray, todo: list, done: set[str], sweep_dir: Path) -> dict:
-    """A task per run not yet done; ref -> (label, exp, repeat, point)."""
+def _submit(ray, todo: list, done: set[str], sweep_dir: Path, labels: dict[int, str]) -> dict:
+    """A task per run not yet done; ref -> (label, exp, repeat, point). `labels`: id(experiment) -> its short label."""
     task = ray.remote(run_on_node).options(resources={RESOURCE: 1}, num_cpus=1, max_retries=MAX_RETRIES,
                                            retry_exceptions=False)
     pending = {}
     for i, (exp, repeat, point) in enumerate(todo, 1):
-        label = run_label(i, len(todo), exp, repeat, point)
+        label = run_label(i, len(todo), exp, repeat, labels[id(exp)])
         if exp.run_id(repeat) in done:
             print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
             continue
@@ -334,7 +334,7 @@ def run_plan_on_ray(plan: Plan, results_root: Path, address: str, force: bool = 
             raise ConfigError(f"--ray {address!r}: no node offers the resource {RESOURCE!r}; start each node with "
                               f"ray start --resources='{{\"{RESOURCE}\": 1}}'")
         nodes = Nodes(ray)
-        pending = _submit(ray, todo, done, sweep_dir)
+        pending = _submit(ray, todo, done, sweep_dir, {id(e): t for e, t in zip(plan.experiments, plan.labels())})
         bar = tqdm(total=len(pending), desc=f"sweep on {len(nodes.alive)} node(s)", unit="run", file=sys.stderr,
                    dynamic_ncols=True, mininterval=0.2 if sys.stderr.isatty() else 5.0)
         old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)

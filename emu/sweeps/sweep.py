@@ -58,8 +58,21 @@ def point_columns(point: dict) -> dict:
     return {f"point.{k}": json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in point.items()}
 
 
-def run_label(i: int, n: int, exp, repeat: int, point: dict) -> str:
-    return f"[{i}/{n}] {_where(point) or exp.scheduler} repeat {repeat} ({exp.run_id(repeat)})"
+# A progress bar's description: with tqdm's counters (about 45 characters at most: percentage,
+# a bar of at least a few cells, n/total, elapsed<remaining, rate) it fits an 80-column terminal.
+BAR_DESC = 34
+
+
+def run_label(i: int, n: int, exp, repeat: int, label: str) -> str:
+    """A run as its progress lines name it: position, scheduler (or variant), point label, repeat, run id."""
+    what = " ".join(x for x in (exp.scheduler + (f" ({exp.label})" if exp.label else ""), label) if x)
+    return f"[{i}/{n}] {what} repeat {repeat} ({exp.run_id(repeat)})"
+
+
+def bar_desc(i: int, n: int, exp, repeat: int, label: str, repeats: int) -> str:
+    """The progress bar's short description of a run (the full one is printed when it ends)."""
+    text = " ".join(x for x in (f"[{i}/{n}]", exp.scheduler, label, f"r{repeat}" if repeats > 1 else "") if x)
+    return text if len(text) <= BAR_DESC else text[: BAR_DESC - 1] + "…"
 
 
 def outcome(exp, row: dict, sweep_dir: Path) -> str:
@@ -85,11 +98,12 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
     for line in clean():  # what a killed earlier orchestrator left (never a live one's)
         print(f"cleaned up {line}", file=sys.stderr)
     walls: list[float] = []
+    labels = {id(e): t for e, t in zip(plan.experiments, plan.labels())}
     try:
         with StateDir() as state:
             for i, (exp, repeat, point) in enumerate(todo, 1):
                 rid = exp.run_id(repeat)
-                label = run_label(i, len(todo), exp, repeat, point)
+                label = run_label(i, len(todo), exp, repeat, labels[id(exp)])
                 if rid in done:
                     print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
                     continue
@@ -97,7 +111,8 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
                     left = pending - len(walls)
                     eta = dt.timedelta(seconds=round(sum(walls) / len(walls) * left))
                     print(f"sweep: {len(walls)}/{pending} runs done, ETA {eta} for the {left} left", file=sys.stderr)
-                bar = tqdm(total=exp.workload["iterations"], desc=label, unit="it", file=sys.stderr,
+                bar = tqdm(total=exp.workload["iterations"], unit="it", file=sys.stderr,
+                           desc=bar_desc(i, len(todo), exp, repeat, labels[id(exp)], plan.repeats),
                            leave=True, dynamic_ncols=True,
                            mininterval=0.2 if sys.stderr.isatty() else 5.0)
 

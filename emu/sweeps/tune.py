@@ -264,6 +264,11 @@ def _check_resumable(spec: TuneSpec, tune_dir: Path):
     return study
 
 
+def existing_study(spec: TuneSpec, tune_dir: Path):
+    """The tune's study if one is there (read, not created); None otherwise; one of another request refused."""
+    return _check_resumable(spec, tune_dir)
+
+
 def open_study(spec: TuneSpec, tune_dir: Path):
     """The tune's study, created (the config's values queued first) or loaded; a study of
     another setting or search is refused. Interrupted trials are closed and queued again."""

@@ -301,7 +301,7 @@ def test_labelled_runs_are_their_own_scheduler_in_the_same_configuration(tmp_pat
     runs, its = load_comparison(tmp_path)
     assert runs.groupby("config_id")["scheduler"].nunique().tolist() == [3, 3], "label is not a configuration"
     sp = speedups(runs, its).set_index(["config", "scheduler"])["speedup"]
-    assert sp.loc[("link bandwidth 10 Mb/s", "bytescheduler (tuned)")] == pytest.approx(1 / 0.6, rel=0.05)
+    assert sp.loc[("links 10 Mb/s", "bytescheduler (tuned)")] == pytest.approx(1 / 0.6, rel=0.05)
     over_default = speedups(runs, its, baseline="bytescheduler").set_index("scheduler")["speedup"]
     assert over_default.loc["bytescheduler (tuned)"].tolist() == pytest.approx([0.8 / 0.6] * 2, rel=0.05)
     table = summary(runs, its, "fifo")

@@ -1,0 +1,157 @@
+"""A dry run: what a run, sweep or tune would do, printed before anything is created.
+
+A sweep of hours should say so before it starts. So the plan is listed point by point, with
+its short label, how many runs it asks for and how many the results directory holds already,
+and an estimate of the wall time left. Each run's estimate comes from an earlier run of the
+same point where the results have one (its wall time), otherwise from the analytic bound of an
+iteration (`iteration_bound`, given by the layer above: it needs the workload's profile and the
+bound models) times the iterations, times the time dilation, plus the set-up and teardown a run
+costs. The estimate is a floor-ish figure, said to be one: schedulers run slower than their
+bounds. Nothing here writes: results are only read.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from emu.config.experiment import Experiment
+from emu.config.plan import Plan
+from emu.sweeps.sweep import plan_runs
+
+# Set-up and teardown of one run where the results hold no earlier run to learn it from: building
+# the network, starting the roles, connecting, the monitors' first and last samples. Measured on the
+# reference machine (2 cores): the demo's runs take 14-18 s of wall time for under 2 s of iterations.
+SETUP_S = 14.0
+
+IterationBound = Callable[[Experiment], "float | None"]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One experiment of the plan as the dry run shows it."""
+
+    label: str
+    scheduler: str
+    runs: int
+    done: int
+    run_s: float | None   # estimated wall time of one run
+    basis: str            # "earlier runs", "bound" or "unknown"
+
+
+def _earlier(sweep_dir: Path) -> pd.DataFrame:
+    path = sweep_dir / "runs.parquet"
+    if not path.exists():
+        return pd.DataFrame(columns=["run_id", "status", "wall_s"])
+    return pd.read_parquet(path, columns=None)
+
+
+def _setup_s(earlier: pd.DataFrame) -> float:
+    """A run's set-up and teardown, from this sweep's earlier runs where it has some."""
+    ok = earlier[earlier["status"] == "ok"] if "status" in earlier else earlier.iloc[:0]
+    need = {"wall_s", "iter_time_median_s", "workload.iterations"}
+    if not len(ok) or not need <= set(ok.columns):
+        return SETUP_S
+    dilation = ok["time_dilation"].fillna(1.0) if "time_dilation" in ok else 1.0
+    rest = ok["wall_s"] - ok["iter_time_median_s"] * ok["workload.iterations"] * dilation
+    rest = rest[rest > 0]
+    return float(rest.median()) if len(rest) else SETUP_S
+
+
+def _run_estimate(exp: Experiment, ids: list[str], walls: dict[str, float], setup_s: float,
+                  iteration_bound: IterationBound) -> tuple[float | None, str]:
+    known = [walls[r] for r in ids if r in walls]
+    if known:
+        return float(pd.Series(known).median()), "earlier runs"
+    bound = iteration_bound(exp)
+    if bound is None or not math.isfinite(bound):
+        return None, "unknown"
+    k = float(exp.time_dilation)
+    return min(setup_s + bound * exp.workload["iterations"] * k, setup_s + exp.timeout_s * k), "bound"
+
+
+def points(plan: Plan, results_root: Path, iteration_bound: IterationBound, force: bool = False,
+           shard: tuple[int, int] | None = None) -> list[Point]:
+    """The plan's experiments (this shard's), each with its runs, those done and an estimate."""
+    earlier = _earlier(results_root / plan.name)
+    ok = earlier[earlier["status"] == "ok"] if len(earlier) else earlier
+    walls = dict(zip(ok["run_id"], ok["wall_s"])) if len(ok) else {}
+    done = set() if force else set(walls)
+    setup_s = _setup_s(earlier)
+    labels = {id(e): t for e, t in zip(plan.experiments, plan.labels())}
+    by_exp: dict[int, list] = {}
+    for exp, repeat, point in plan_runs(plan, shard):
+        by_exp.setdefault(id(exp), [exp, point, []])[2].append(exp.run_id(repeat))
+    out = []
+    for exp, point, ids in by_exp.values():
+        run_s, basis = _run_estimate(exp, ids, walls, setup_s, iteration_bound)
+        out.append(Point(labels[id(exp)], treatment(exp, point), len(ids), sum(r in done for r in ids), run_s, basis))
+    return out
+
+
+def treatment(exp: Experiment, point: dict) -> str:
+    """The scheduler as the point sets it: its variant label, and the tunables the point sets one by one."""
+    own = f"schedulers.{exp.scheduler}."
+    params = [f"{k[len(own):]}={v}" for k, v in point.items() if k.startswith(own) and not isinstance(v, (dict, list))]
+    return " ".join([exp.scheduler + (f" ({exp.label})" if exp.label else ""), *params])
+
+
+def _duration(seconds: float) -> str:
+    return str(dt.timedelta(seconds=round(seconds)))
+
+
+def render(plan: Plan, pts: list[Point], results_root: Path) -> str:
+    """The dry run's text: a table of the points, then the counts and the estimate."""
+    width = max([len(p.label) for p in pts] + [5])
+    sw = max([len(p.scheduler) for p in pts] + [9])
+    lines = [f"dry run of {plan.source} into {results_root / plan.name} (nothing is created)",
+             f"{'#':>3}  {'point':<{width}}  {'scheduler':<{sw}} {'runs':>4} {'done':>4} {'per run':>8}  basis"]
+    for i, p in enumerate(pts, 1):
+        est = _duration(p.run_s) if p.run_s is not None else "?"
+        lines.append(f"{i:>3}  {p.label or '-':<{width}}  {p.scheduler:<{sw}} {p.runs:>4} {p.done:>4} {est:>8}  "
+                     f"{p.basis}")
+    runs = sum(p.runs for p in pts)
+    done = sum(p.done for p in pts)
+    left = [(p.runs - p.done, p.run_s) for p in pts if p.runs > p.done]
+    unknown = sum(n for n, s in left if s is None)
+    total = sum(n * s for n, s in left if s is not None)
+    lines.append(f"{runs} run(s) in {len(pts)} point(s) x {plan.repeats} repeat(s); {done} done, "
+                 f"{runs - done} to run")
+    lines.append(f"estimated wall time: {_duration(total)}" + (f" (+ {unknown} run(s) without an estimate)"
+                 if unknown else "") + " (earlier runs of the same point where the results have them, else "
+                 "each iteration at its analytic bound plus the set-up a run costs: schedulers are slower "
+                 "than their bounds)")
+    return "\n".join(lines)
+
+
+def render_tune(spec, results_root: Path, iteration_bound: IterationBound) -> str:
+    """A tune's dry run (`spec`: emu.sweeps.tune.TuneSpec): its setting, budget, trials done and the time left."""
+    from emu.sweeps import tune
+
+    tune_dir = results_root / spec.name
+    study = tune.existing_study(spec, tune_dir)
+    done = len(tune.counted(study)) if study is not None else 0
+    earlier = _earlier(tune_dir)
+    ok = earlier[earlier["status"] == "ok"] if len(earlier) else earlier
+    if len(ok):
+        trial_s, basis = float(ok["wall_s"].median()), "earlier trials"
+    else:
+        trial_s, basis = _run_estimate(spec.base, [], {}, _setup_s(earlier), iteration_bound)
+    left = max(spec.budget - done, 0)
+    labels = spec.plan.labels()
+    where = next((labels[i] for i, p in enumerate(spec.plan.points)
+                  if labels[i] and all(p.get(k) == v for k, v in spec.setting.items())), "the config's setting")
+    est = f"{_duration(left * trial_s)} ({_duration(trial_s)} per trial, from {basis})" if trial_s is not None \
+        else "unknown (no profile for this workload)"
+    return "\n".join([
+        f"dry run of tune {spec.name} into {tune_dir} (nothing is created)",
+        f"scheduler {spec.scheduler}, tunables {', '.join(tune.tunables(spec.dims))}, sampler {spec.sampler} "
+        f"(seed {spec.seed}), on {where}",
+        f"budget {spec.budget} trial(s): {done} done, {left} to run",
+        f"estimated wall time: {est}" + (f"; --max-minutes {spec.max_minutes:g} stops it earlier"
+                                         if spec.max_minutes is not None and trial_s is not None
+                                         and left * trial_s > spec.max_minutes * 60 else "")])
