@@ -25,8 +25,9 @@ from emu.sweeps.sweep import plan_runs
 
 # Set-up and teardown of one run where the results hold no earlier run to learn it from: building
 # the network, starting the roles, connecting, the monitors' first and last samples. Measured on the
-# reference machine (2 cores): the demo's runs take 14-18 s of wall time for under 2 s of iterations.
-SETUP_S = 14.0
+# reference machine (2 cores) as wall time less iterations x median iteration: medians of 2.1-5.4 s
+# over the shortened demo, priority8, priority_startup and topology sweeps (23 s at most).
+SETUP_S = 4.0
 
 IterationBound = Callable[[Experiment], "float | None"]
 
