@@ -606,6 +606,34 @@ def explain(c, key=None, write=False):
     print("\n\n".join(render_key(k) for k in keys))
 
 
+@task(help={"port": "the port JupyterLab listens on, on 127.0.0.1 only (default 8888)"})
+def notebook(c, port=8888):
+    """JupyterLab on notebooks/ (127.0.0.1 only). JupyterLab is an optional group (pyproject.toml:
+    jupyter): the first run installs its lock, requirements-jupyter.txt, into this environment
+    (scripts/setup.sh jupyter, one line on stderr)."""
+    import importlib.util
+    import secrets
+    import subprocess
+
+    if importlib.util.find_spec("jupyterlab") is None:
+        rc = subprocess.run([str(REPO / "scripts" / "setup.sh"), "jupyter"],
+                            env={**os.environ, "SCHEDLAB_VENV": sys.prefix}).returncode
+        importlib.invalidate_caches()
+        if rc or importlib.util.find_spec("jupyterlab") is None:
+            raise Exit(f"error: notebook: installing JupyterLab (requirements-jupyter.txt) into {sys.prefix} "
+                       "failed (output above)", code=1)
+    token = secrets.token_hex(16)
+    print(f"JupyterLab on http://127.0.0.1:{int(port)}/lab?token={token} (Ctrl-C twice stops it)", flush=True)
+    jupyter = Path(sys.prefix) / "bin" / "jupyter"
+    os.chdir(REPO)
+    # Nothing leaves the machine: no extension manager on PyPI, no update check, no news feed.
+    quiet = ["--LabApp.extension_manager=readonly", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             "--LabApp.news_url=None"]
+    os.execv(jupyter, [str(jupyter), "lab", "--no-browser", "--ip", "127.0.0.1", "--port", str(int(port)),
+                       "--port-retries", "0", f"--IdentityProvider.token={token}", *quiet,
+                       *(["--allow-root"] if os.geteuid() == 0 else []), "notebooks/"])
+
+
 @task(name="fresh-os", help={"full": "run the README's test command (./inv test) instead of the fast tier",
                              "keep": "keep the unpacked root file system (its path is printed)",
                              "rebuild": "build the root file system again instead of using the cached one"})

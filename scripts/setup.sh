@@ -24,6 +24,8 @@
 # `scripts/setup.sh ray` also installs the optional Ray group from its own lock,
 # requirements-ray.txt (compiled against requirements.txt, so the two agree): the first
 # `./inv sweep FILE --ray ...` runs it, and so does every node of a Ray cluster.
+# `scripts/setup.sh jupyter` installs JupyterLab the same way, from requirements-jupyter.txt:
+# the first `./inv notebook` runs it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="${SCHEDLAB_VENV:-$root/.venv}"
@@ -138,7 +140,8 @@ fi
 for group in "$@"; do
   case "$group" in
     ray) glock="$root/requirements-ray.txt" ;;
-    *) echo "setup: unknown optional group '$group' (known: ray)" >&2; exit 2 ;;
+    jupyter) glock="$root/requirements-jupyter.txt" ;;
+    *) echo "setup: unknown optional group '$group' (known: ray, jupyter)" >&2; exit 2 ;;
   esac
   gstamp="$venv/.requirements-$group.sha256"
   gwant=$(sha256sum "$glock" | cut -d' ' -f1)

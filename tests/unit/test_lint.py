@@ -28,7 +28,7 @@ def test_ruff_finds_nothing():
 
 
 # Optional groups with a lock of their own (installed on demand, e.g. by the first --ray).
-OWN_LOCK = {"ray": "requirements-ray.txt"}
+OWN_LOCK = {"ray": "requirements-ray.txt", "jupyter": "requirements-jupyter.txt"}
 
 
 def locked(name: str = "requirements.txt") -> dict[str, str]:
@@ -68,6 +68,23 @@ def test_optional_locks_agree_with_the_main_lock():
         assert "--constraint=requirements.txt" in header, f"{lock}: not compiled against requirements.txt"
         moved = {n: (v, main[n]) for n, v in locked(lock).items() if n in main and main[n] != v}
         assert not moved, f"{lock} pins differently from requirements.txt: {moved}"
+
+
+def test_each_optional_lock_is_compiled_from_its_own_extra():
+    """An optional lock's header command compiles exactly its group (--extra=GROUP, no other
+    extra) into that file, and the lock pins every package of the group: a lock compiled from
+    another extra, or with dev's packages in it, would install what ./inv notebook or --ray
+    never asked for."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for group, lock in OWN_LOCK.items():
+        command = next(line for line in (REPO / lock).read_text().splitlines() if "pip-compile --" in line)
+        assert re.findall(r"--extra=(\S+)", command) == [group], f"{lock}: {command}"
+        assert f"--output-file={lock}" in command, f"{lock}: {command}"
+        pins = locked(lock)
+        missing = [d for d in extras[group] if canonicalize_name(Requirement(d).name) not in pins]
+        assert not missing, f"{lock} lacks {missing}"
+        others = {canonicalize_name(Requirement(d).name) for g, ds in extras.items() if g != group for d in ds}
+        assert not others & (pins.keys() - locked().keys()), f"{lock} pins another group's packages"
 
 
 def test_lock_has_the_cpu_torch_and_no_cuda_packages():
