@@ -338,3 +338,40 @@ def test_notebook_rebuilds_the_figure(tmp_path, monkeypatch):
     assert is_png(tmp_path / "figure.png")
     # the kernel is this interpreter (the venv's), not whatever `python` is first on PATH
     assert os.path.realpath(nb.cells[-1].outputs[0]["text"].strip()) == os.path.realpath(sys.executable)
+
+
+PANDAS_NOTEBOOK = REPO / "notebooks" / "results_with_pandas.ipynb"
+
+
+def test_pandas_notebook_is_committed_run_and_small():
+    """notebooks/results_with_pandas.ipynb is committed with its outputs (it is read on the web
+    and in JupyterLab without running it): every code cell ran, none failed, the figures are
+    there, and the file stays small."""
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.read(PANDAS_NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count and c.outputs for c in code), "execute it again and commit its outputs"
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for c in code for o in c.outputs) >= 3
+    assert PANDAS_NOTEBOOK.stat().st_size < 500_000
+
+
+@pytest.mark.slow
+def test_pandas_notebook_runs_on_the_carried_sets(tmp_path, monkeypatch):
+    """It executes on the result sets the repository carries, from a copy in a temporary folder
+    (its outputs go there, the repository's file is not touched), in the venv's kernel."""
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    for var in ("JUPYTER_RUNTIME_DIR", "IPYTHONDIR", "MPLCONFIGDIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    before = PANDAS_NOTEBOOK.read_bytes()
+    nb = nbformat.read(PANDAS_NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+    nbformat.write(nb, tmp_path / PANDAS_NOTEBOOK.name)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "the medians agree with runs.parquet" in text and "pass the fidelity check" in text
+    assert PANDAS_NOTEBOOK.read_bytes() == before
