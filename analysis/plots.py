@@ -479,7 +479,9 @@ def _interval_plot(table: pd.DataFrame, runs: pd.DataFrame, y: str, scale: float
             est, lo, hi = d[y] * scale, d["ci_low"] * scale, d["ci_high"] * scale
             err = np.vstack([(est - lo).clip(lower=0).fillna(0), (hi - est).clip(lower=0).fillna(0)])
             look = _look(s, runs["scheduler"])
-            ax.errorbar(_dodge(d["_x"], i, len(scheds), log, span), est, yerr=err, marker=look["marker"],
+            xs_i = _dodge(d["_x"], i, len(scheds), log, span) if x_key else \
+                d["_x"] + (i - (len(scheds) - 1) / 2) * min(0.12, 0.8 / len(scheds))  # within its category
+            ax.errorbar(xs_i, est, yerr=err, marker=look["marker"],
                         ms=3.5 if _paper() else 5, capsize=2.5 if _paper() else 4, lw=1.0 if _paper() else 1.6,
                         color=look["color"], ls=look["ls"] if x_key else "none", label=s)
         if ref is not None:
@@ -487,7 +489,13 @@ def _interval_plot(table: pd.DataFrame, runs: pd.DataFrame, y: str, scale: float
         if log:
             ax.set_xscale("log")
             ax.minorticks_off()
-        ax.set_xticks(ticks, labels, rotation=0 if x_key else 20, ha="center" if x_key else "right")
+        if x_key is None:  # categories: each label wrapped, the axis a category wide on each side of them
+            import textwrap
+
+            labels = [textwrap.fill(str(t), 22) for t in labels]
+            ax.set_xlim(-0.5, len(ticks) - 0.5)
+        ax.set_xticks(ticks, labels, rotation=0 if x_key or len(ticks) <= 3 else 20,
+                      ha="center" if x_key or len(ticks) <= 3 else "right")
         ax.set(xlabel=xlabel, ylabel=ylabel)
         _facet(ax, "\n".join(t for t in (panel, facts) if t) or None, fontsize=8 if _paper() else 10)
         scope = sub if times else table
@@ -797,7 +805,7 @@ def iteration_time_plot(sweep_dir: Path, out: Path | None = None, run_ids: list[
 
     first = runs.iloc[0]
     fig.suptitle(f"{first['sweep']}: {first['workload.model']} ({first['workload.preset']}, "
-                 f"{first['num_params'] / 1e3:.0f}k params), {runs['num_workers'].iloc[0]} workers, "
+                 f"{first['num_params'] / 1e3:.0f}k params), {_facts(runs)['roles']}, "
                  f"{first['compute_mode']} compute; {first.get('topology.kind', '')}: {first.get('network', '')}; "
                  f"warm-up excluded", fontsize=9)
     fig.tight_layout()

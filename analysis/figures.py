@@ -1,0 +1,158 @@
+"""The figures of docs/, as data: which sweep, which plot function and which committed result
+set makes each, so that `./inv figures` can draw every one of them again.
+
+Each figure is drawn from the long sweep's results where they are present
+(`results/<sweep>/runs.parquet`), else from the small result set committed for it
+(`examples/results/<sweep>/`, made by the short run its `how` names), and its metadata and
+caption say which (plots.figure_context `source`). The commit that draws them is the caller's
+to hand down (tasks.py): analysis reads stored files only.
+
+`keep_set` copies a sweep's results into a committed set with only what the figures read:
+runs.parquet (whose rows hold the bounds computed after the sweep) and, per run, config.yaml,
+meta.json, iterations.parquet, scheduler_info.json and faults.parquet. The link samples, role
+specs, logs and the per-layer, queue and CPU tables are left out: no figure of docs/ reads
+them (the report of such a set leaves the physics check's byte count unjudged).
+"""
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from analysis import forest_compare, physics, plots
+from analysis.speedup import load_comparison
+from analysis.tables import NoResults
+
+COMMITTED = Path("examples") / "results"  # relative to the repository: the committed small sets
+LONG = Path("results")                      # where the long sweeps write theirs
+
+
+def _forest_plot(sweep_dir: Path, out: Path, formats: tuple[str, ...]) -> Path:
+    """The report's forest figure (analysis/report.py _forest): predicted against measured ratios."""
+    runs, _ = load_comparison(sweep_dir)
+    runs = physics.ensure(runs, sweep_dir)
+    runs = runs[~runs["run_id"].isin(physics.broken(runs)["run_id"])]
+    table = forest_compare.compare(runs, sweep_dir)
+    return plots.predicted_measured_plot(table, out=out, formats=formats, sweep_dir=sweep_dir, run_ids=runs["run_id"])
+
+
+PLOTS: dict[str, Callable[..., Path]] = {
+    "iteration_time_plot": plots.iteration_time_plot,
+    "speedup_plot": plots.speedup_plot,
+    "iteration_time_sweep_plot": plots.iteration_time_sweep_plot,
+    "startup_plot": plots.startup_plot,
+    "faults_plot": plots.faults_plot,
+    "replan_plot": plots.replan_plot,
+    "predicted_measured_plot": _forest_plot,
+}
+
+
+@dataclass(frozen=True)
+class Figure:
+    file: str     # in docs/
+    sweep: str    # the sweep's name: results/<sweep>, examples/results/<sweep>
+    plot: str     # a key of PLOTS
+    how: str      # the short run that made the committed set (root: `./inv` builds networks)
+
+
+FIGURES = [
+    Figure("demo_iteration_time.png", "demo", "iteration_time_plot",
+           "./inv demo (the whole demo)"),
+    Figure("priority8_speedup.png", "priority8", "speedup_plot",
+           "./inv sweep configs/sweeps/priority8.yaml --set repeats=1 --set workload.iterations=6"),
+    Figure("priority_speedup.png", "priority", "speedup_plot",
+           "./inv sweep examples/figsets/priority.yaml --set workload.iterations=6 (2 of 5 models)"),
+    Figure("priority_startup.png", "priority-startup", "startup_plot",
+           "./inv sweep configs/sweeps/priority_startup.yaml --set workload.iterations=6"),
+    Figure("topology_speedup.png", "topology", "speedup_plot",
+           "./inv sweep configs/sweeps/topology.yaml --set workload.iterations=6"),
+    Figure("forest_predicted_measured.png", "forest", "predicted_measured_plot",
+           "./inv sweep examples/figsets/forest.yaml --set workload.iterations=8 (2 of 5 networks)"),
+    Figure("forest_replan.png", "forest-replan", "replan_plot",
+           "./inv sweep configs/sweeps/forest_replan.yaml (the whole sweep)"),
+    Figure("faults.png", "faults", "faults_plot",
+           "./inv sweep examples/figsets/faults.yaml (ring, one of its 8 schedulers)"),
+    Figure("writing_a_scheduler_iteration_time.png", "tree-vs-builtins", "iteration_time_sweep_plot",
+           "./inv sweep examples/tree_sweep.yaml (the whole sweep)"),
+]
+
+
+@dataclass
+class Outcome:
+    figure: Figure
+    source: str            # what it was drawn from, as its metadata says; "" where it was not drawn
+    missing: str           # what was not there (the long sweep's results, the committed set)
+    path: Path | None = None
+
+
+def choose(fig: Figure, repo: Path, results: Path | None = None) -> tuple[Path | None, str, str]:
+    """(the results directory to draw from, how to name it, what is missing) for one figure."""
+    long_dir = (results or repo / LONG) / fig.sweep
+    small = repo / COMMITTED / fig.sweep
+    if (long_dir / "runs.parquet").exists():
+        return long_dir, f"{_rel(long_dir, repo)} (long sweep)", "–"
+    missing = f"{_rel(long_dir / 'runs.parquet', repo)} (the long sweep)"
+    if (small / "runs.parquet").exists():
+        return small, f"{_rel(small, repo)} (committed small set)", missing
+    return None, "", f"{missing}; {_rel(small, repo)} (the committed set)"
+
+
+def regenerate(out_dir: Path, repo: Path, results: Path | None = None, commit: str | None = None,
+               only: list[str] | None = None, formats: tuple[str, ...] = ("png",), style: str = "screen",
+               width: float | None = None) -> list[Outcome]:
+    """Draw every figure of FIGURES (or those named in `only`) into `out_dir`."""
+    done = []
+    for fig in FIGURES:
+        if only and fig.file not in only and fig.sweep not in only:
+            continue
+        sweep_dir, source, missing = choose(fig, Path(repo), results)
+        if sweep_dir is None:
+            done.append(Outcome(fig, "", missing))
+            continue
+        try:
+            long = source if "committed" not in source else source[:-1] + f": {fig.how})"
+            with plots.figure_context(commit=commit, source=long, style=style, width=width):
+                path = PLOTS[fig.plot](sweep_dir, out=Path(out_dir) / fig.file, formats=formats)
+        except NoResults as e:  # plots.Skipped included
+            done.append(Outcome(fig, "", f"{missing}; not drawn from {source}: {e}"))
+            continue
+        done.append(Outcome(fig, source, missing, path))
+    return done
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """figure | source used | missing, as text for a terminal."""
+    rows = [("figure", "source used", "missing")] + [
+        (o.figure.file, o.source or "not drawn", o.missing) for o in outcomes]
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows)
+
+
+KEEP = ("config.yaml", "meta.json", "iterations.parquet", "scheduler_info.json", "faults.parquet")
+
+
+def keep_set(src: Path, dst: Path) -> int:
+    """Copy a sweep's results (`src`) into `dst` with only what the figures read (see the
+    module's docstring), replacing what `dst` held; returns the bytes written."""
+    src, dst = Path(src), Path(dst)
+    if not (src / "runs.parquet").exists():
+        raise NoResults(f"{src}: no runs.parquet")
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    shutil.copy2(src / "runs.parquet", dst / "runs.parquet")
+    for run_dir in sorted(p for p in src.iterdir() if p.is_dir() and (p / "config.yaml").exists()):
+        out = dst / run_dir.name
+        out.mkdir()
+        for name in KEEP:
+            if (run_dir / name).exists():
+                shutil.copy2(run_dir / name, out / name)
+    return sum(p.stat().st_size for p in dst.rglob("*") if p.is_file())
+
+
+def _rel(path: Path, repo: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path(repo).resolve()))
+    except ValueError:
+        return str(path)
