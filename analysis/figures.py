@@ -1,5 +1,6 @@
-"""The figures of docs/, as data: which sweep, which plot function and which committed result
-set makes each, so that `./inv figures` can draw every one of them again.
+"""The figures of docs/, as data (examples/results/figures.yaml): which sweep, which plot
+function and which committed result set makes each, so that `./inv figures` can draw every
+one of them again.
 
 Each figure is drawn from the long sweep's results where they are present
 (`results/<sweep>/runs.parquet`), else from the small result set committed for it
@@ -19,6 +20,8 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from analysis import forest_compare, physics, plots
 from analysis.speedup import load_comparison
@@ -56,26 +59,16 @@ class Figure:
     how: str      # the short run that made the committed set (root: `./inv` builds networks)
 
 
-FIGURES = [
-    Figure("demo_iteration_time.png", "demo", "iteration_time_plot",
-           "./inv demo (the whole demo)"),
-    Figure("priority8_speedup.png", "priority8", "speedup_plot",
-           "./inv sweep configs/sweeps/priority8.yaml --set repeats=1 --set workload.iterations=6"),
-    Figure("priority_speedup.png", "priority", "speedup_plot",
-           "./inv sweep examples/figsets/priority.yaml --set workload.iterations=6 (2 of 5 models)"),
-    Figure("priority_startup.png", "priority-startup", "startup_plot",
-           "./inv sweep configs/sweeps/priority_startup.yaml --set workload.iterations=6"),
-    Figure("topology_speedup.png", "topology", "speedup_plot",
-           "./inv sweep configs/sweeps/topology.yaml --set workload.iterations=6"),
-    Figure("forest_predicted_measured.png", "forest", "predicted_measured_plot",
-           "./inv sweep examples/figsets/forest.yaml --set workload.iterations=8 (2 of 5 networks)"),
-    Figure("forest_replan.png", "forest-replan", "replan_plot",
-           "./inv sweep configs/sweeps/forest_replan.yaml (the whole sweep)"),
-    Figure("faults.png", "faults", "faults_plot",
-           "./inv sweep examples/figsets/faults.yaml (ring, one of its 8 schedulers)"),
-    Figure("writing_a_scheduler_iteration_time.png", "tree-vs-builtins", "iteration_time_sweep_plot",
-           "./inv sweep examples/tree_sweep.yaml (the whole sweep)"),
-]
+MAPPING = COMMITTED / "figures.yaml"  # the mapping, as data
+
+
+def load_figures(path: Path | None = None) -> list[Figure]:
+    """The figures of docs/ and what draws each (examples/results/figures.yaml)."""
+    path = Path(path) if path is not None else Path(__file__).resolve().parents[1] / MAPPING
+    return [Figure(**entry) for entry in yaml.safe_load(path.read_text())]
+
+
+FIGURES = load_figures()
 
 
 @dataclass

@@ -343,7 +343,7 @@ def _forest(runs: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
                             ("predicted", "measured", "agreement", "forest_efficiency", "baseline_efficiency")},
                          forest_ms=table["forest_ms"].map("{:.0f}".format),
                          baseline_ms=table["baseline_ms"].map("{:.0f}".format))
-    out += [md_table(shown, "forest"), ""]
+    out += [md_table(shown, "forest_compare"), ""]
     if "largest" in top:
         out += [f"- Largest measured forest/ring (or gloo): **{top['ring_allreduce']:.2f}x** "
                 f"({top['ring_allreduce_where']}; predicted {top['ring_allreduce_predicted']:.2f}x).",

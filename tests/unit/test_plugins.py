@@ -225,8 +225,10 @@ def test_a_plugin_whose_display_order_clashes_gets_a_colour_of_its_own():
     builtins = {n: i.display_order for n, i in registry.infos().items() if i.plugin is None}
     assert all(slots[n] == order for n, order in builtins.items())  # the built-ins keep theirs
     assert slots["alltoall"] == max(builtins.values()) + 1
-    colours = {plots._colour(i.display_name) for i in catalog.infos().values()}
-    assert len(colours) == len(slots)
+    names = [i.display_name for i in catalog.infos().values()]  # all drawn together: a look each
+    looks = {(plots._colour(n, names), plots._look(n, names)["marker"]) for n in names}
+    assert len(looks) == len(slots)
+    assert plots._colour("all-to-all", ["all-to-all", "fifo"]) != plots._colour("fifo", ["all-to-all", "fifo"])
     assert plots.scheduler_order(["all-to-all", "fifo"]) == ["fifo", "all-to-all"]
 
 
