@@ -382,7 +382,7 @@ def figures(c, out=str(REPO / "docs"), results=str(RESULTS), only=None, keep=Non
     if keep:
         for f in figs.FIGURES:
             if (Path(keep) / f.sweep / "runs.parquet").exists() and (not only or f.sweep in only or f.file in only):
-                size = figs.keep_set(Path(keep) / f.sweep, REPO / figs.COMMITTED / f.sweep)
+                size = figs.keep_set(Path(keep) / f.sweep, REPO / figs.COMMITTED / f.sweep, tables=f.tables)
                 print(f"kept {Path(keep) / f.sweep} as {figs.COMMITTED / f.sweep} ({size / 1e3:.0f} kB)")
     outcomes = figs.regenerate(Path(out), REPO, Path(results), commit=_commit(), only=only or None)
     print(figs.table(outcomes))

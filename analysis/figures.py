@@ -12,7 +12,9 @@ to hand down (tasks.py): analysis reads stored files only.
 runs.parquet (whose rows hold the bounds computed after the sweep) and, per run, config.yaml,
 meta.json, iterations.parquet, scheduler_info.json and faults.parquet. The link samples, role
 specs, logs and the per-layer, queue and CPU tables are left out: no figure of docs/ reads
-them (the report of such a set leaves the physics check's byte count unjudged).
+them (the report of such a set leaves the physics check's byte count unjudged). The demo's set
+(`tables: all` in figures.yaml) keeps the per-layer, link and CPU tables and the role specs
+too: the notebook reads it.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ class Figure:
     sweep: str    # the sweep's name: results/<sweep>, examples/results/<sweep>
     plot: str     # a key of PLOTS
     how: str      # the short run that made the committed set (root: `./inv` builds networks)
+    tables: str = "figures"  # what its committed set keeps: "figures" (KEEP) or "all" (TABLES_ALL: the notebook's)
 
 
 MAPPING = COMMITTED / "figures.yaml"  # the mapping, as data
@@ -125,9 +128,16 @@ def table(outcomes: list[Outcome]) -> str:
 KEEP = ("config.yaml", "meta.json", "iterations.parquet", "scheduler_info.json", "faults.parquet")
 
 
-def keep_set(src: Path, dst: Path) -> int:
+# A set the notebook reads (notebooks/results_with_pandas.ipynb) keeps a run's tables too: the
+# per-layer waits, the link samples, the CPU samples, the role specs (the capacity graph); not the
+# queue samples (a few hundred KB a run, which the notebook does not read).
+TABLES_ALL = KEEP + ("layers.parquet", "links.parquet", "cpu.parquet", "roles")
+
+
+def keep_set(src: Path, dst: Path, tables: str = "figures") -> int:
     """Copy a sweep's results (`src`) into `dst` with only what the figures read (see the
-    module's docstring), replacing what `dst` held; returns the bytes written."""
+    module's docstring), or with `tables="all"` every table of a run (not its logs), replacing
+    what `dst` held; returns the bytes written."""
     src, dst = Path(src), Path(dst)
     if not (src / "runs.parquet").exists():
         raise NoResults(f"{src}: no runs.parquet")
@@ -138,8 +148,10 @@ def keep_set(src: Path, dst: Path) -> int:
     for run_dir in sorted(p for p in src.iterdir() if p.is_dir() and (p / "config.yaml").exists()):
         out = dst / run_dir.name
         out.mkdir()
-        for name in KEEP:
-            if (run_dir / name).exists():
+        for name in TABLES_ALL if tables == "all" else KEEP:
+            if (run_dir / name).is_dir():
+                shutil.copytree(run_dir / name, out / name)
+            elif (run_dir / name).exists():
                 shutil.copy2(run_dir / name, out / name)
     return sum(p.stat().st_size for p in dst.rglob("*") if p.is_file())
 

@@ -420,7 +420,14 @@ def _layout(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
 
 
 def _panel_label(row, keys: list[str], runs: pd.DataFrame) -> str:
-    return ", ".join(f"{key_label(k, runs).split(' (')[0]} = {row[f'point.{k}']}" for k in keys)
+    """The panel's values of the facet keys, as the configurations' short labels name them."""
+    from analysis.tables import host_names
+    from contracts.point_label import point_from_columns, short_labels
+
+    def point(r) -> dict:
+        return point_from_columns({f"point.{k}": r[f"point.{k}"] for k in keys})
+
+    return short_labels([point(r) for _, r in runs.iterrows()] + [point(row)], host_names(runs))[-1]
 
 
 def _axes(n: int, width: float = 4.6, height: float = 3.6, sharey: bool = True):
@@ -497,7 +504,8 @@ def _interval_plot(table: pd.DataFrame, runs: pd.DataFrame, y: str, scale: float
         ax.set_xticks(ticks, labels, rotation=0 if x_key or len(ticks) <= 3 else 20,
                       ha="center" if x_key or len(ticks) <= 3 else "right")
         ax.set(xlabel=xlabel, ylabel=ylabel)
-        _facet(ax, "\n".join(t for t in (panel, facts) if t) or None, fontsize=8 if _paper() else 10)
+        said = panel if panel and panel not in (facts or "") else ""  # "4 workers" is in "4 workers (+ 1 PS ...)"
+        _facet(ax, "\n".join(t for t in (said, facts) if t) or None, fontsize=8 if _paper() else 10)
         scope = sub if times else table
         top = pd.concat([scope[y], scope["ci_high"]]).max() * scale
         low = pd.concat([scope[y], scope["ci_low"]]).min() * scale

@@ -373,7 +373,7 @@ def _value_text(key: str, v) -> str:
     return f"{v}{unit}"
 
 
-def _host_names(runs: pd.DataFrame) -> list[str] | None:
+def host_names(runs: pd.DataFrame) -> list[str] | None:
     """The configured hosts' names (`topology.hosts`), to name `topology.hosts.N.*` keys by."""
     try:
         return [h["name"] for h in json.loads(runs["topology.hosts"].iloc[0])]
@@ -399,7 +399,7 @@ def add_configurations(runs: pd.DataFrame, sweep_dir: Path | None = None) -> pd.
     keys = swept_keys(runs)
     single = runs["config_id"].nunique() == 1
     if keys or f"point.{POINT_NAME}" in runs:
-        runs["config"] = short_labels([point_from_columns(r) for r in runs.to_dict("records")], _host_names(runs))
+        runs["config"] = short_labels([point_from_columns(r) for r in runs.to_dict("records")], host_names(runs))
     else:
         runs["config"] = [str(r.get("network", "") or "") or ("all runs" if single else r["config_id"])
                           for _, r in runs.iterrows()]

@@ -181,7 +181,7 @@ def test_every_docs_figure_has_a_mapping_and_a_committed_set():
     assert set(figures.PLOTS) >= {f.plot for f in figures.FIGURES}
     committed = REPO / figures.COMMITTED
     total = sum(p.stat().st_size for p in committed.rglob("*") if p.is_file())
-    assert total < 3.2e6, total  # small sets only
+    assert total < 3.5e6, total  # small sets only (3.25 MB: nine sets, the faults one 0.94 MB of 400-iteration runs)
     assert not list(committed.rglob("logs")) and not list(committed.rglob("qdiscs.parquet"))
 
 
