@@ -5,8 +5,8 @@ its short label, how many runs it asks for and how many the results directory ho
 and an estimate of the wall time left. Each run's estimate comes from an earlier run of the
 same point where the results have one (its wall time), otherwise from the analytic bound of an
 iteration (`iteration_bound`, given by the layer above: it needs the workload's profile and the
-bound models) times the iterations, times the time dilation, plus the set-up and teardown a run
-costs. The estimate is a floor-ish figure, said to be one: schedulers run slower than their
+bound models) times the iterations, plus the time its faults hold the job (their `for_s`),
+times the time dilation, plus the set-up and teardown a run costs. The estimate is a floor-ish figure, said to be one: schedulers run slower than their
 bounds. Nothing here writes: results are only read.
 """
 from __future__ import annotations
@@ -72,7 +72,8 @@ def _run_estimate(exp: Experiment, ids: list[str], walls: dict[str, float], setu
     if bound is None or not math.isfinite(bound):
         return None, "unknown"
     k = float(exp.time_dilation)
-    return min(setup_s + bound * exp.workload["iterations"] * k, setup_s + exp.timeout_s * k), "bound"
+    stalled = sum(f.for_s or 0.0 for f in exp.faults)  # a stopped worker or a cut link stalls the job that long
+    return min(setup_s + (bound * exp.workload["iterations"] + stalled) * k, setup_s + exp.timeout_s * k), "bound"
 
 
 def points(plan: Plan, results_root: Path, iteration_bound: IterationBound, force: bool = False,
@@ -124,7 +125,7 @@ def render(plan: Plan, pts: list[Point], results_root: Path) -> str:
                  f"{runs - done} to run")
     lines.append(f"estimated wall time: {_duration(total)}" + (f" (+ {unknown} run(s) without an estimate)"
                  if unknown else "") + " (earlier runs of the same point where the results have them, else "
-                 "each iteration at its analytic bound plus the set-up a run costs: schedulers are slower "
+                 "each iteration at its analytic bound, plus its faults' duration and the set-up a run costs: schedulers are slower "
                  "than their bounds)")
     return "\n".join(lines)
 

@@ -76,3 +76,11 @@ def test_dry_run_of_the_priority8_sweep_creates_nothing(tmp_path):
             "--budget", "4", "--point", "1", "--dry-run", "--results", str(results))
     assert t.returncode == 0, t.stderr
     assert "budget 4 trial(s): 0 done, 4 to run" in t.stdout and not results.exists()
+
+
+def test_a_fault_holds_the_job_for_its_duration(tmp_path):
+    dump(tmp_path / "base.yaml", {**GOOD, "workload": {**GOOD["workload"], "preset": "small", "iterations": 10},
+                                  "faults": [{"at_s": 1, "kind": "stop", "target": "worker0", "for_s": 5}]})
+    plan = load_plan(dump(tmp_path / "s.yaml", {"base": "base.yaml", "name": "s"}), _sections())
+    (p,) = dryrun.points(plan, tmp_path, lambda exp: 0.5)
+    assert p.run_s == pytest.approx(dryrun.SETUP_S + 0.5 * 10 + 5)
