@@ -6,8 +6,9 @@ and an estimate of the wall time left. Each run's estimate comes from an earlier
 same point where the results have one (its wall time), otherwise from the analytic bound of an
 iteration (`iteration_bound`, given by the layer above: it needs the workload's profile and the
 bound models) times the iterations, plus the time its faults hold the job (their `for_s`),
-times the time dilation, plus the set-up and teardown a run costs. The estimate is a floor-ish figure, said to be one: schedulers run slower than their
-bounds. Nothing here writes: results are only read.
+times the time dilation, plus the set-up and teardown a run costs. The estimate is near a
+floor, and says so: schedulers run slower than their bounds. Nothing here writes: results are
+only read.
 """
 from __future__ import annotations
 
@@ -125,8 +126,8 @@ def render(plan: Plan, pts: list[Point], results_root: Path) -> str:
                  f"{runs - done} to run")
     lines.append(f"estimated wall time: {_duration(total)}" + (f" (+ {unknown} run(s) without an estimate)"
                  if unknown else "") + " (earlier runs of the same point where the results have them, else "
-                 "each iteration at its analytic bound, plus its faults' duration and the set-up a run costs: schedulers are slower "
-                 "than their bounds)")
+                 "each iteration at its analytic bound, plus its faults' duration and the set-up a run costs: "
+                 "schedulers are slower than their bounds)")
     return "\n".join(lines)
 
 
