@@ -421,6 +421,7 @@ BENCHES = {
     "transport-loopback": (["bench/bench_transport_loopback.py"], False),
     "ring-gloo-loopback": (["bench/bench_ring_vs_gloo.py"], False),
     "dilation": (["-m", "bench.bench_dilation"], True),
+    "datapath": (["-m", "bench.bench_datapath"], True),
 }
 
 
