@@ -472,9 +472,15 @@ def main() -> int:
                 if p.label == args.profile:
                     prof = profiler = Profiler(["server0", "worker0"], profile_s, args.perf_hz, root)
                 t0 = time.monotonic()
-                rows, row = run_costs(p, exp, root, state, prof)
-                if prof is not None:
-                    profile = prof.report()
+                try:
+                    rows, row = run_costs(p, exp, root, state, prof)
+                    if prof is not None:
+                        profile = prof.report()
+                except (ValueError, KeyError, OSError, subprocess.SubprocessError) as e:
+                    # one run's measurement lost (a role not sampled, no window): the others still count
+                    notes.append(f"- {p.label}: not measured: {type(e).__name__}: {e}")
+                    print(notes[-1], flush=True)
+                    continue
                 wall = time.monotonic() - t0
                 if row["status"] != "ok":
                     notes.append(f"- {p.label}: {row['status']}: {row.get('reason', '')}")
@@ -507,6 +513,9 @@ def print_profile(profiler: Profiler, profile: dict, costs: list[Cost], label: s
           f"{profiler.hz} Hz, user and kernel)")
     if profiler.error:
         print(f"profile: {profiler.error}")
+    if not profile:
+        print("no profile: the run was not measured (above)")
+        return
     sched, _, n = label.partition("-")
     per = {("server0" if c.role == "server" else "worker0"): c.per_gbit for c in costs
            if c.what == sched and c.workers == int(n or 0)}
