@@ -5,7 +5,8 @@
     sudo ./inv bench --only datapath
 
 Every link of every network here runs at --mbps (both ways). Measured, in this order:
-- iperf3 (one TCP flow, a -> b on a star of two hosts): its sender's and receiver's process;
+- iperf3 (one TCP flow, a -> b on a star of two hosts, for twice a run's measured time, at least 10 s): its
+  sender's and receiver's process;
 - through the normal run path (emu/run/runner.py `run_one`), replayed compute sped up until
   the run is communication-bound (the small VGG, 5 MB of gradients, at --speedup): fifo at 1,
   4 and 8 workers (the server's process and the workers'), mercury at 4 (its packet-level
@@ -346,7 +347,9 @@ def iperf3_costs(state, logs: Path, mbps: float, seconds: float) -> tuple[Cost, 
     if "error" in res:
         raise RuntimeError(f"iperf3: {res['error']}")
     times = np.array([t for t, _ in sampler.bytes])
-    a, b = snap(times, t_start + 1.0, t_start + seconds - 0.2)
+    # after slow start, and while both processes were still sampled (the client ends its -t early)
+    last = min(sampler.cpu[r][-1][0] for r in ("sender", "receiver"))
+    a, b = snap(times, t_start + 1.0, min(t_start + seconds - 0.5, last))
     at = {t: v for t, v in sampler.bytes}
     out = []
     for role, host in (("sender", "a"), ("receiver", "b")):
@@ -407,7 +410,10 @@ def run_costs(p: RunPlan, exp, root: Path, state, profiler: Profiler | None) -> 
     warm = iters[measured(iters["iteration"], warmup, exp.workload["iterations"])]
     t0 = row["monitor_t0_wall"]
     grid = links.loc[links["link"] == "w0->s1", "t"].to_numpy()
-    a, b = snap(grid, warm["start"].min() - t0, warm["end"].max() - t0)
+    # inside the samples of every role too: a worker exits within a sample of its last aggregate
+    first = max(v[0][0] for v in sampler.cpu.values()) - t0
+    last = min(v[-1][0] for v in sampler.cpu.values()) - t0
+    a, b = snap(grid, max(warm["start"].min() - t0, first), min(warm["end"].max() - t0, last))
     mbps = exp.net.links[0].ab_mbps
 
     def part(role: str, host: str) -> tuple[float, float, float]:
@@ -425,20 +431,20 @@ def run_costs(p: RunPlan, exp, root: Path, state, profiler: Profiler | None) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="shorter runs (about 3 s measured each)")
+    ap.add_argument("--quick", action="store_true", help="shorter runs (about 3 s measured each, iperf3 10 s)")
     ap.add_argument("--mbps", type=float, default=400, help="every link's rate, both ways (default 400)")
-    ap.add_argument("--seconds", type=float, help="measured seconds per run (default 8, --quick 3)")
+    ap.add_argument("--seconds", type=float, help="measured seconds per run (default 10, --quick 3)")
     ap.add_argument("--model", default="vgg:small", help="replayed profile MODEL:PRESET (default vgg:small)")
     ap.add_argument("--speedup", type=float, default=10.0, help="replay's speedup (default 10: compute 1/10)")
     ap.add_argument("--profile", default="fifo-4", help="the run whose server and worker0 are profiled "
                     "(fifo-1, fifo-4, fifo-8, mercury-4; 'none': no profile)")
-    ap.add_argument("--profile-s", type=float, help="seconds of profile (default 4, --quick 2)")
-    ap.add_argument("--perf-hz", type=int, default=499, help="perf's sampling frequency (default 499)")
+    ap.add_argument("--profile-s", type=float, help="seconds of profile (default 6, --quick 2)")
+    ap.add_argument("--perf-hz", type=int, default=999, help="perf's sampling frequency (default 999)")
     ap.add_argument("--only", action="append", help="run only these runs' labels (repeatable), e.g. fifo-4")
     ap.add_argument("--keep", action="store_true", help="keep the runs' results directory")
     args = ap.parse_args()
-    seconds = args.seconds or (3.0 if args.quick else 8.0)
-    profile_s = args.profile_s or (2.0 if args.quick else 4.0)
+    seconds = args.seconds or (3.0 if args.quick else 10.0)
+    profile_s = args.profile_s or (2.0 if args.quick else 6.0)
     model, _, preset = args.model.partition(":")
     from emu.testbed.cleanup import StateDir
     from workloads.config import default_profile
@@ -462,7 +468,8 @@ def main() -> int:
     t_all = time.monotonic()
     try:
         with StateDir() as state:
-            sender, receiver = iperf3_costs(state, logs, args.mbps, seconds + 1.5)
+            # iperf3 costs little: a longer flow, so that 10 ms CPU ticks stay a small part of it
+            sender, receiver = iperf3_costs(state, logs, args.mbps, max(10.0, 2 * seconds) + 1.5)
             print(f"iperf3: sender {sender.per_gbit:.3f}, receiver {receiver.per_gbit:.3f} CPU s per Gbit", flush=True)
             for p in plans:
                 warmup = 2
