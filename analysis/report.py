@@ -74,13 +74,15 @@ def export_table(df: pd.DataFrame, out_dir: Path, name: str) -> tuple[Path, Path
     return csv, tex
 
 
-def md_table(df: pd.DataFrame, name: str | None = None) -> str:
+def md_table(df: pd.DataFrame, name: str | None = None, drop: list[str] = ()) -> str:
     """A pipe table (pandas' to_markdown needs tabulate, which the harness does not pin). With
-    `name`, inside write_report, the table also goes beside the report as CSV and LaTeX."""
+    `name`, inside write_report, the table also goes beside the report as CSV and LaTeX, whole:
+    `drop` leaves columns out of the Markdown only (those the text states once, to fit 80 columns)."""
     if name is not None and _EXPORT["dir"] is not None:
         stem = name if name not in _EXPORT["names"] else f"{name}_{len(_EXPORT['names'])}"
         _EXPORT["names"].append(stem)
         export_table(df, _EXPORT["dir"], stem)
+    df = df.drop(columns=list(drop))
 
     def cell(v) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
@@ -143,12 +145,12 @@ def summary(runs: pd.DataFrame, iters: pd.DataFrame, baseline: str) -> pd.DataFr
         wait = (grp["wait_median_s"] / grp["iter_time_median_s"]).mean()
         fid = grp["fidelity_ok"] if "fidelity_ok" in grp else pd.Series(None, index=grp.index, dtype=object)
         rows.append({"configuration": t["config"], "scheduler": t["scheduler"], "runs": len(grp),
-                     "iteration (ms), 95% CI": _ci(t["iter_time_s"] * 1e3, t["ci_low"] * 1e3, t["ci_high"] * 1e3,
-                                                   ".0f"),
-                     f"speedup over {baseline}, 95% CI": speed, "blocked on gradients": f"{wait:.0%}",
+                     "iteration ms (95% CI)": _ci(t["iter_time_s"] * 1e3, t["ci_low"] * 1e3, t["ci_high"] * 1e3,
+                                                  ".0f"),
+                     f"speedup over {baseline} (95% CI)": speed, "blocked": f"{wait:.0%}",
                      "efficiency": f"{grp['efficiency'].mean():.2f}" if grp["efficiency"].notna().any() else
                                    "no bound" if _no_bound(grp) else "–",
-                     "fidelity passed": f"{int((fid == True).sum())}/{int(fid.notna().sum())}"  # noqa: E712
+                     "fidelity": f"{int((fid == True).sum())}/{int(fid.notna().sum())}"  # noqa: E712
                                         if fid.notna().any() else "not judged",
                      "_sort": order.index(t["scheduler"])})
     df = pd.DataFrame(rows)
@@ -192,21 +194,27 @@ def _bounds(runs: pd.DataFrame) -> list[str]:
     for (config, sched), grp in runs.groupby(["config", "scheduler"], sort=False):
         basis = ", ".join(sorted(grp["efficiency_basis"].dropna().unique())) or "–"
         rows.append({"configuration": config, "scheduler": sched,
-                     "bound model": ", ".join(grp["bound_model"].dropna().unique()) or "–",
+                     "model": ", ".join(grp["bound_model"].dropna().unique()) or "–",
                      "capacity": ", ".join(grp["bound_capacity"].fillna("not computed").unique()),
-                     "bound (ms)": "no bound" if _no_bound(grp) else _ms(grp["bound_s"]), "measured": basis,
-                     "efficiency": "no bound" if _no_bound(grp) else _mean(grp["efficiency"]),
-                     "cut bound (ms)": _ms(grp[["cut_bound_s", "compute_median_s"]].max(axis=1)),
-                     "cut efficiency": _mean(grp["cut_efficiency"]),
-                     "bound on configured rates (ms)": _ms(grp["bound_configured_s"]),
-                     "efficiency at line rate": _mean(grp["efficiency_line_rate"])
+                     "bound ms": "no bound" if _no_bound(grp) else _ms(grp["bound_s"]), "of": basis,
+                     "eff.": "no bound" if _no_bound(grp) else _mean(grp["efficiency"]),
+                     "cut ms": _ms(grp[["cut_bound_s", "compute_median_s"]].max(axis=1)),
+                     "cut eff.": _mean(grp["cut_efficiency"]),
+                     "configured ms": _ms(grp["bound_configured_s"]),
+                     "line-rate eff.": _mean(grp["efficiency_line_rate"])
                      if "efficiency_line_rate" in grp else "–",
                      "_sort": order.index(sched)})
     table = pd.DataFrame(rows)
     table["_cfg"] = table["configuration"].map({c: i for i, c in enumerate(dict.fromkeys(runs["config"]))})
-    out += [md_table(table.sort_values(["_cfg", "_sort"]).drop(columns=["_cfg", "_sort"]), "bounds"), "",
-            "Bounds in ms include compute (the larger of the two); efficiencies are means over runs. Measured: "
-            "the median iteration, or the mean over the measured window where the capacity varied in it."]
+    table = table.sort_values(["_cfg", "_sort"]).drop(columns=["_cfg", "_sort"])
+    same = [c for c in ("model", "capacity", "of") if table[c].nunique() == 1]  # said once, not per row
+    out += [md_table(table, "bounds", drop=same), "",
+            ("Every row: " + "; ".join(f"{c} {table[c].iloc[0]}" for c in same) + ". " if same else "") +
+            "Columns: model, the bound model; capacity, the rates it is computed on; bound ms, the bound (compute "
+            "included: the larger of the two); of, the measured iteration it is set against (the median, or the "
+            "mean over the measured window where the capacity varied in it); eff., bound over measured (a mean "
+            "over runs); cut ms and cut eff., the same for the cut bound; configured ms, the bound on the "
+            "configured rates; line-rate eff., the efficiency at line rate rather than TCP payload."]
     return out
 
 
@@ -522,9 +530,10 @@ def _write_report(sweep_dir: Path, out_dir: Path, baseline: str | None) -> Path:
         iters = iters[iters["run_id"].isin(runs["run_id"])]
     md += ["## Summary", "", md_table(summary(runs, iters, baseline), "summary"), "",
            "Iteration time: geometric mean of the runs' median iteration times, or the median of pooled "
-           "iterations (see Setup). Blocked on gradients: median time a worker waited for aggregates, as a "
+           "iterations (see Setup). Blocked: median time a worker waited for aggregates, as a "
            "share of the median iteration. Efficiency: the lower bound of the scheduler's model / measured "
-           "(1 = as fast as that model allows; see Bounds)."
+           "(1 = as fast as that model allows; see Bounds). Fidelity: runs that passed the fidelity verdict, "
+           "of those judged."
            + (f" {len(broken)} run(s) that break physics are left out (next section)." if len(broken) else ""), ""]
     if len(broken):
         md += ["## Runs that break physics", "", *_physics(broken), ""]

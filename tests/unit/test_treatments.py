@@ -68,8 +68,8 @@ def test_a_swept_tunable_is_two_variants_each_pooled_over_its_own_repeats():
     shown = summary(named, iters, "fifo").set_index("scheduler")
     assert list(shown.index) == ["fifo", "bytescheduler credit 64k", "bytescheduler credit 256k"]
     assert set(shown["runs"]) == {2}
-    assert shown.loc["fifo", "speedup over fifo, 95% CI"] == "1 (baseline)"
-    assert shown.loc["bytescheduler credit 256k", "speedup over fifo, 95% CI"].startswith("1.6")
+    assert shown.loc["fifo", "speedup over fifo (95% CI)"] == "1 (baseline)"
+    assert shown.loc["bytescheduler credit 256k", "speedup over fifo (95% CI)"].startswith("1.6")
 
 
 def test_repeats_of_one_resolved_config_pool_and_treatments_count_resolved_configs(tmp_path):
