@@ -111,7 +111,8 @@ THREADS = re.compile(r"futex|schedule|__switch_to|finish_task_switch|pick_next|e
                      r"try_to_wake_up|ttwu|update_curr|update_load|select_task_rq|__calc_delta|psi_|"
                      r"native_sched|idle|context_switch|wake_up_q|sched_", re.I)
 NUMERIC_DSO = re.compile(r"_multiarray_umath|numpy|libtorch|libopenblas|libmkl|libgomp|libblas|libc10", re.I)
-AGGREGATE = re.compile(r"add|sum|reduce|divide|multiply|_mul|axpy|FLOAT_|DOUBLE_|binary", re.I)
+# not "multiply": PyArray_MultiplyList is numpy's shape arithmetic (FLOAT_multiply is a FLOAT_ loop)
+AGGREGATE = re.compile(r"add|sum|reduce|divide|axpy|FLOAT_|DOUBLE_|binary", re.I)
 PYTHON_DSO = re.compile(r"python|libpython", re.I)
 GROUPS = ("system calls", "threads", "copies", "aggregation", "Python", "other")
 

@@ -86,6 +86,7 @@ def test_iterations_for_keeps_the_measured_time():
     ("python3.11", ".", "_PyEval_EvalFrameDefault", "Python"),
     ("_multiarray_umath.cpython-311-x86_64-linux-gnu.so", ".", "FLOAT_add_AVX2", "aggregation"),
     ("_multiarray_umath.cpython-311-x86_64-linux-gnu.so", ".", "PyUFunc_GenericFunction", "Python"),
+    ("_multiarray_umath.cpython-311-x86_64-linux-gnu.so", ".", "PyArray_MultiplyList", "Python"),
     ("_multiarray_umath.cpython-311-x86_64-linux-gnu.so", ".", "_aligned_contig_to_contig_size4", "copies"),
     ("[unknown]", ".", "0x00007f0000001234", "other"),
 ])
