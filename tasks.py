@@ -439,7 +439,7 @@ def bench(c, only=None, quick=False):
         _need_root("bench")
     for name in names:
         args, _ = BENCHES[name]
-        extra = ["--quick"] if quick and name in ("testbed", "transport-loopback") else []
+        extra = ["--quick"] if quick and name in ("testbed", "transport-loopback", "datapath") else []
         print(f"\n# {name}", flush=True)
         rc = subprocess.run([sys.executable, *args, *extra], cwd=REPO,
                             env={**os.environ, "PYTHONPATH": str(REPO)}).returncode
