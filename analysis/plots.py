@@ -419,15 +419,17 @@ def _layout(runs: pd.DataFrame) -> tuple[str | None, list[str]]:
     return x, panels
 
 
-def _panel_label(row, keys: list[str], runs: pd.DataFrame) -> str:
-    """The panel's values of the facet keys, as the configurations' short labels name them."""
+def _panel_labels(table: pd.DataFrame, keys: list[str], runs: pd.DataFrame) -> list[str]:
+    """Each table row's values of the facet keys, as the configurations' short labels name them
+    (labelled once, among the runs' points, not again per row)."""
     from analysis.tables import host_names
     from contracts.point_label import point_from_columns, short_labels
 
     def point(r) -> dict:
         return point_from_columns({f"point.{k}": r[f"point.{k}"] for k in keys})
 
-    return short_labels([point(r) for _, r in runs.iterrows()] + [point(row)], host_names(runs))[-1]
+    rows = [point(r) for _, r in table.iterrows()]
+    return short_labels([point(r) for _, r in runs.iterrows()] + rows, host_names(runs))[len(runs):]
 
 
 def _axes(n: int, width: float = 4.6, height: float = 3.6, sharey: bool = True):
@@ -468,7 +470,7 @@ def _interval_plot(table: pd.DataFrame, runs: pd.DataFrame, y: str, scale: float
     own y axis (models differ in scale), logarithmic where a panel spans 4x or more."""
     _theme()
     x_key, panel_keys = _layout(runs)
-    table = table.assign(_panel=[_panel_label(r, panel_keys, runs) for _, r in table.iterrows()])
+    table = table.assign(_panel=_panel_labels(table, panel_keys, runs))
     panels = list(dict.fromkeys(table["_panel"]))
     shared, own = _settings(runs, [runs[runs["config_id"].isin(table.loc[table["_panel"] == p, "config_id"])]
                                    for p in panels])
