@@ -8,16 +8,17 @@ divided by the number of workers. What happens around that is the server's `Mode
 
     PULL       ACK each push; answer each PULL as soon as its slot is complete, first come,
                first served (fifo, bytescheduler; see below)
-    QUEUED     receive threads put pushes into one priority queue ordered by (iteration,
-               layer priority, slice); one thread sums them in that order and sends each
-               complete slot to every worker unasked (p3: the server's busy time goes to
-               the layers the next forward pass needs first)
-    IMMEDIATE  each push is summed by its receive thread on arrival, and the slot is sent
-               to every worker the moment its last copy is in, so push and pull overlap
-               packet by packet (mercury)
+    QUEUED     pushes read in one round of the loop go into a priority queue ordered by
+               (iteration, layer priority, slice) and are summed in that order after the
+               round; each complete slot goes to every worker unasked (p3: the server's
+               busy time goes to the layers the next forward pass needs first)
+    IMMEDIATE  each push is summed as it is read, and the slot is sent to every worker the
+               moment its last copy is in, so push and pull overlap packet by packet
+               (mercury)
 
-Every worker connection has its own receive thread and its own outbox, so one slow worker
-link never stalls the others. What the outbox sends first depends on the mode:
+One thread serves every worker connection (schedulers/transport/loop.py): each has its own
+outbox, so one slow worker link never stalls the others, and no frame hands the GIL from
+one thread to another. What an outbox sends first depends on the mode:
 
 - PULL: the order in which the requests arrived. Each PUSH and each PULL is stamped with a
   server-wide arrival number as it is read; the ACK of a push carries its push's number, the
@@ -63,9 +64,8 @@ from schedulers.transport.connection import (
     Header,
     Kind,
     Mode,
-    Outbox,
-    abort_all,
 )
+from schedulers.transport.loop import Loop, Peer, PeerError, abort_peers
 from schedulers.transport.peers import Acceptor, Hello
 from schedulers.transport.txstamps import TxStamps, merge, save
 
@@ -106,6 +106,10 @@ class Slot:
 
 
 class ParameterServer:
+    """Serves every worker connection on one thread (schedulers/transport/loop.py): each
+    worker is a `Peer` with its own outbox, so one slow worker link never stalls the others,
+    and no GIL is handed between threads per frame."""
+
     def __init__(self, rank: int, num_workers: int, listen_ip: str, port: int,
                  accept_timeout_s: float = 60.0, log=None, mode: Mode | None = None, trace: bool = False):
         self.rank = rank
@@ -114,17 +118,15 @@ class ParameterServer:
         self.acceptor = Acceptor(listen_ip, port, Hello(rank, num_workers), accept_timeout_s)
         self.accept_timeout_s = accept_timeout_s
         self.slots: dict[tuple[int, int, int], Slot] = {}
-        self.lock = threading.Lock()   # the slot table; held while summing
         self.pool = BufferPool()
-        self._sent_lock = threading.Lock()
         self.error: BaseException | None = None
         self.culprit: int | None = None
-        self.done = threading.Event()
+        self.done = threading.Event()   # set once serve() has returned or raised
         self.byes = 0
         self.conns: dict[int, Connection] = {}
-        self.outboxes: dict[int, Outbox] = {}
+        self.loop = Loop(self)
+        self.peers: dict[int, Peer] = {}
         self.queue: list = []                      # QUEUED mode: received pushes by priority
-        self.queue_cv = threading.Condition()
         self._seq = itertools.count()
         self._arrival = itertools.count()          # PULL mode: requests in the order they are read
         self.trace = trace
@@ -147,23 +149,28 @@ class ParameterServer:
         try:
             self._accept_all()
             self.log(f"{self.num_workers} workers connected, mode {self.mode.name}")
-            for rank in self.conns:
-                threading.Thread(target=self._receive, args=(rank,), daemon=True, name=f"recv-w{rank}").start()
             if self.mode == Mode.QUEUED:
-                threading.Thread(target=self._process_queue, daemon=True, name="queue").start()
-            self.done.wait()
-            if self.error is not None:
-                raise self.error
+                self.loop.after_round = self._process_queue
+            self.loop.run(done=self._finished)
             self.log("all workers said BYE; done")
         except BaseException as e:
+            self.culprit = e.rank if isinstance(e, PeerError) else None
             err = e if isinstance(e, CommError) else CommError(f"{type(e).__name__}: {e}")
+            self.error = err
             self._abort_all(str(err))
             raise CommError(f"server {self.rank}: {err}") from None
         finally:
+            for stamps in self.stamps_all:
+                stamps.close()
             for c in self.conns.values():
                 c.close()
+            self.loop.close()
             self.acceptor.close()
             self.done.set()
+
+    def _finished(self) -> bool:
+        """Every worker said BYE and has been sent everything queued for it, and our BYE."""
+        return self.byes == self.num_workers and all(p.bye_sent for p in self.peers.values())
 
     def _accept_all(self) -> None:
         """Every worker, within accept_timeout_s of the one before (they start at their own pace)."""
@@ -181,134 +188,111 @@ class ParameterServer:
             raise CommError(f"{conn.peer} speaks {mode.name} but this server runs {self.mode.name}")
 
     def _attach(self, rank: int, conn: Connection) -> None:
-        """A worker that said HELLO: its outbox, with transmit stamps always (the host's
-        queue bound, as the workers'); rows when traced."""
+        """A worker that said HELLO: its peer in the loop, with transmit stamps always (the
+        host's queue bound, as the workers'); rows when traced."""
         conn.queue_s = PRIORITY_QUEUE_S
         self.conns[rank] = conn
         on_send = self._trace_send if self.trace else None
         stamps = TxStamps.enable(conn.sock, peer=rank, record=self.trace)
         if stamps is not None and self.trace:
             self.stamps.append(stamps)
-        self.outboxes[rank] = Outbox(conn, lambda e, r=rank: self._fail(e, r), sender=self.rank, on_send=on_send,
-                                     stamps=stamps, host_queue_s=HOST_QUEUE_S)
+        self.peers[rank] = self.loop.add(conn, rank, sender=self.rank, stamps=stamps, host_queue_s=HOST_QUEUE_S,
+                                         on_send=on_send)
+
+    @property
+    def stamps_all(self) -> list[TxStamps]:
+        return [p.stamps for p in self.peers.values() if p.stamps is not None]
 
     def _trace_send(self, kind: Kind, key: int, chunk: int, it: int) -> None:
         if kind == Kind.RESULT:
             self.event("send", key, chunk, it)
 
     # ------------------------------------------------------------------ failure
-    def _fail(self, err: BaseException, culprit: int | None = None) -> None:
-        with self.lock:
-            if self.error is None and not self.done.is_set():
-                self.error, self.culprit = err, culprit
-        self.done.set()
-        with self.queue_cv:
-            self.queue_cv.notify_all()
-
     def _abort_all(self, reason: str) -> None:
         """Tell every live worker why we stop (the dead one is just closed)."""
-        if self.culprit in self.outboxes:
-            self.outboxes[self.culprit].conn.close()
-        abort_all([ob for rank, ob in self.outboxes.items() if rank != self.culprit], reason)
+        if self.culprit in self.conns:
+            self.conns[self.culprit].close()
+        abort_peers([p for rank, p in self.peers.items() if rank != self.culprit], reason)
         for rank, conn in self.conns.items():
-            if rank not in self.outboxes:
+            if rank not in self.peers:
                 conn.abort(reason, self.rank)
 
-    # ------------------------------------------------------------------ per worker
-    def _receive(self, rank: int) -> None:
-        conn = self.conns[rank]
-        try:
-            while True:
-                h = conn.recv_header()
-                if h.kind == Kind.PUSH:
-                    if h.nbytes % 4 or h.nbytes > MAX_FRAME_BYTES:
-                        raise CommError(f"{conn.peer} pushed a {h.nbytes}-byte payload")
-                    data = self.pool.take(h.nbytes // 4)
-                    conn.recv_into(memoryview(data))
-                    self.event("recv", h.key, h.chunk, h.it)
-                    self._pushed(rank, h, data)
-                elif h.kind == Kind.PULL and self.mode == Mode.PULL:
-                    self._pull((h.key, h.chunk, h.it), rank, next(self._arrival))
-                elif h.kind == Kind.BYE:
-                    self._bye(rank)
-                    return
-                elif h.kind == Kind.ABORT:
-                    raise CommError(f"{conn.peer} reports: {conn.recv_text(h.nbytes)}")
-                else:
-                    raise CommError(f"{conn.peer} sent unexpected {h.kind.name}")
-        except BaseException as e:  # noqa: BLE001
-            self._fail(e, rank)
+    # ------------------------------------------------------------------ frames (loop.Handler)
+    def payload_buffer(self, peer: Peer, h: Header) -> np.ndarray:
+        if h.kind != Kind.PUSH:
+            raise CommError(f"{peer.conn.peer} sent unexpected {h.kind.name} with a payload")
+        if h.nbytes % 4 or h.nbytes > MAX_FRAME_BYTES:
+            raise CommError(f"{peer.conn.peer} pushed a {h.nbytes}-byte payload")
+        return self.pool.take(h.nbytes // 4)
+
+    def on_frame(self, peer: Peer, h: Header, data: np.ndarray | None) -> None:
+        if h.kind == Kind.PUSH:
+            if data is None:   # an empty push: an empty slice
+                data = self.pool.take(0)
+            self.event("recv", h.key, h.chunk, h.it)
+            self._pushed(peer.rank, h, data)
+        elif h.kind == Kind.PULL and self.mode == Mode.PULL:
+            self._pull((h.key, h.chunk, h.it), peer.rank, next(self._arrival))
+        elif h.kind == Kind.BYE:
+            # The worker has every result it waited for: send what is queued to it, then BYE.
+            peer.close()
+            self.byes += 1
+        else:
+            raise CommError(f"{peer.conn.peer} sent unexpected {h.kind.name}")
 
     def _pushed(self, rank: int, h: Header, data: np.ndarray) -> None:
         if self.mode == Mode.PULL:
             arrival = next(self._arrival)
             self._add(rank, h, data)
-            self.outboxes[rank].put((arrival,), Kind.ACK, h.key, h.chunk, h.it)
+            self.peers[rank].put((arrival,), Kind.ACK, h.key, h.chunk, h.it)
         elif self.mode == Mode.QUEUED:
-            with self.queue_cv:
-                heapq.heappush(self.queue, ((h.it, h.priority, h.chunk), next(self._seq), rank, h, data))
-                self.queue_cv.notify()
+            heapq.heappush(self.queue, ((h.it, h.priority, h.chunk), next(self._seq), rank, h, data))
         else:
             self._add(rank, h, data)
 
-    def _bye(self, rank: int) -> None:
-        # The worker has every result it waited for: flush what is queued to it, answer BYE.
-        self.outboxes[rank].close()
-        with self.lock:
-            self.byes += 1
-            if self.byes == self.num_workers:
-                self.done.set()
-
     def _process_queue(self) -> None:
-        """QUEUED mode: sum received pushes best priority first."""
-        try:
-            while True:
-                with self.queue_cv:
-                    while not self.queue and not self.done.is_set():
-                        self.queue_cv.wait()
-                    if self.done.is_set():
-                        return
-                    _, _, rank, h, data = heapq.heappop(self.queue)
-                self._add(rank, h, data)
-        except BaseException as e:  # noqa: BLE001
-            self._fail(e)
+        """QUEUED mode, after each round of reads: sum what was received, best priority first."""
+        while self.queue:
+            _, _, rank, h, data = heapq.heappop(self.queue)
+            self._add(rank, h, data)
 
     # ------------------------------------------------------------------ slots
     def _add(self, rank: int, h: Header, data: np.ndarray) -> None:
         slot_id = (h.key, h.chunk, h.it)
-        with self.lock:
-            slot = self.slots.setdefault(slot_id, Slot())
-            if slot.ranks >> rank & 1:
-                raise CommError(f"worker {rank} pushed key {h.key} slice {h.chunk} it {h.it} twice")
-            slot.ranks |= 1 << rank
-            if slot.total is None:
-                slot.total = data
-            else:
-                if slot.total.size != data.size:
-                    raise CommError(f"key {h.key} slice {h.chunk} it {h.it}: sizes differ "
-                                    f"({slot.total.size} vs {data.size})")
-                slot.total += data
-                self.pool.give(data)
-            if slot.ranks.bit_count() < self.num_workers:
-                return
-            slot.total /= self.num_workers
-            slot.result, slot.total = slot.total, None
-            self.event("done", h.key, h.chunk, h.it)
-            if self.mode == Mode.PULL:
-                slot.priority, slot.sent = h.priority, self._releaser(slot.result)
-                for r, arrival in slot.waiting:
-                    self._send_result(slot_id, slot, r, arrival)
-                slot.waiting.clear()
-            else:
-                del self.slots[slot_id]
-                self._broadcast(slot_id, slot.result, h.priority)
+        slot = self.slots.get(slot_id)
+        if slot is None:
+            slot = self.slots[slot_id] = Slot()
+        if slot.ranks >> rank & 1:
+            raise CommError(f"worker {rank} pushed key {h.key} slice {h.chunk} it {h.it} twice")
+        slot.ranks |= 1 << rank
+        if slot.total is None:
+            slot.total = data
+        else:
+            if slot.total.size != data.size:
+                raise CommError(f"key {h.key} slice {h.chunk} it {h.it}: sizes differ "
+                                f"({slot.total.size} vs {data.size})")
+            slot.total += data
+            self.pool.give(data)
+        if slot.ranks.bit_count() < self.num_workers:
+            return
+        slot.total /= self.num_workers
+        slot.result, slot.total = slot.total, None
+        self.event("done", h.key, h.chunk, h.it)
+        if self.mode == Mode.PULL:
+            slot.priority, slot.sent = h.priority, self._releaser(slot.result)
+            for r, arrival in slot.waiting:
+                self._send_result(slot_id, slot, r, arrival)
+            slot.waiting.clear()
+        else:
+            del self.slots[slot_id]
+            self._broadcast(slot_id, slot.result, h.priority)
 
     def _broadcast(self, slot_id: tuple[int, int, int], result: np.ndarray, priority: int) -> None:
         """Send a complete slot to every worker unasked (QUEUED, IMMEDIATE)."""
         key, chunk, it = slot_id
         sent = self._releaser(result)
-        for ob in self.outboxes.values():
-            ob.put((it, priority, chunk), Kind.RESULT, key, chunk, it, result, priority, on_sent=sent)
+        for peer in self.peers.values():
+            peer.put((it, priority, chunk), Kind.RESULT, key, chunk, it, result, priority, on_sent=sent)
 
     def _releaser(self, result: np.ndarray):
         """A callback for each of the num_workers sends of `result`: the last one gives the
@@ -316,29 +300,28 @@ class ParameterServer:
         left = [self.num_workers]
 
         def sent() -> None:
-            with self._sent_lock:
-                left[0] -= 1
-                if left[0]:
-                    return
-            self.pool.give(result)
+            left[0] -= 1
+            if not left[0]:
+                self.pool.give(result)
         return sent
 
     def _pull(self, slot_id: tuple[int, int, int], rank: int, arrival: int) -> None:
-        with self.lock:
-            slot = self.slots.setdefault(slot_id, Slot())
-            if slot.result is None:
-                slot.waiting.append((rank, arrival))
-            else:
-                self._send_result(slot_id, slot, rank, arrival)
+        slot = self.slots.get(slot_id)
+        if slot is None:
+            slot = self.slots[slot_id] = Slot()
+        if slot.result is None:
+            slot.waiting.append((rank, arrival))
+        else:
+            self._send_result(slot_id, slot, rank, arrival)
 
     def _send_result(self, slot_id, slot: Slot, rank: int, arrival: int) -> None:
-        """PULL mode, answered in the order the PULLs arrived; caller holds self.lock."""
+        """PULL mode, answered in the order the PULLs arrived."""
         key, chunk, it = slot_id
-        self.outboxes[rank].put((arrival,), Kind.RESULT, key, chunk, it, slot.result, slot.priority,
-                                on_sent=slot.sent)
+        self.peers[rank].put((arrival,), Kind.RESULT, key, chunk, it, slot.result, slot.priority,
+                             on_sent=slot.sent)
         slot.served += 1
         if slot.served == self.num_workers:
-            del self.slots[slot_id]  # the outboxes still hold the array until it is sent
+            del self.slots[slot_id]  # the peers' outboxes still hold the array until it is sent
 
 
 def main(argv: list[str], server_mode: Callable[[str], Mode]) -> int:

@@ -9,7 +9,8 @@
   mercury one per tensor per iteration per server connection that carries its packets.
 
 To see what a send thread picks, a `Gate` holds it before each pick until the test lets it
-go: whatever is queued meanwhile competes for the next pick by the outbox's order alone.
+go (`PeerGate` the server's, whose outboxes are served by one loop): whatever is queued
+meanwhile competes for the next pick by the outbox's order alone.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 from schedulers.core.base import TensorSpec
 from schedulers.registry import params_models
 from schedulers.transport.connection import Kind, Mode, Outbox, connect
+from schedulers.transport.loop import Peer
 from tests.loopback_jobs import SMALL_PARTS, Servers, create, run_job, run_workers
 
 PS_FAMILY = ["fifo", "bytescheduler", "p3", "mercury"]
@@ -57,6 +59,21 @@ class Gate:
     def open(self) -> None:
         self.opened = True
         self.permits.release()
+
+
+class PeerGate:
+    """Holds a server's outbox for one worker (a `Peer` of its loop) before each pick until
+    the test opens it: the loop picks nothing for a peer whose `hold` is 0."""
+
+    def __init__(self, peer: Peer):
+        self.peer = peer
+        peer.hold = 0
+
+    def queued(self) -> int:
+        return self.peer.queued()
+
+    def open(self) -> None:
+        self.peer.hold = None
 
 
 def record_frames(outbox: Outbox) -> list[tuple[Kind, int]]:
@@ -107,8 +124,8 @@ def test_pull_server_answers_in_arrival_order(pull_first):
     servers = Servers(1, 2, mode=Mode.PULL)
     ps = servers.ps[0]
     w0, w1 = raw_worker(ps.port, 0, 2, Mode.PULL), raw_worker(ps.port, 1, 2, Mode.PULL)
-    wait_until(lambda: len(ps.outboxes) == 2)
-    gate = Gate(ps.outboxes[0])
+    wait_until(lambda: len(ps.peers) == 2)
+    gate = PeerGate(ps.peers[0])
 
     def push(conn, key):
         conn.send(Kind.PUSH, key=key, it=0, payload=np.full(100, key, np.float32), priority=key)
@@ -140,8 +157,8 @@ def test_p3_and_mercury_servers_keep_their_priority_order(mode):
     servers = Servers(1, 1, mode=mode)
     ps = servers.ps[0]
     conn = raw_worker(ps.port, 0, 1, mode)
-    wait_until(lambda: len(ps.outboxes) == 1)
-    gate = Gate(ps.outboxes[0])
+    wait_until(lambda: len(ps.peers) == 1)
+    gate = PeerGate(ps.peers[0])
     for key, prio in ((0, 5), (1, 0)):  # the worse priority arrives first
         conn.send(Kind.PUSH, key=key, it=0, payload=np.full(100, key, np.float32), priority=prio)
     wait_until(lambda: gate.queued() == 2)

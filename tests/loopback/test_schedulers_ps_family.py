@@ -17,7 +17,17 @@ import pytest
 
 from contracts.role_spec import Address, role_specs
 from schedulers.core.base import CommError, Endpoint, TensorSpec
-from schedulers.transport.connection import AUTO, INITIAL_LOWAT, QUEUE_S, Connection, Kind, Mode, Outbox, connect
+from schedulers.transport.connection import (
+    AUTO,
+    HEADER,
+    INITIAL_LOWAT,
+    QUEUE_S,
+    Connection,
+    Kind,
+    Mode,
+    Outbox,
+    connect,
+)
 from tests.conftest import REPO
 from tests.loopback_jobs import Servers, create, run_workers
 
@@ -190,20 +200,17 @@ def test_lower_layer_ready_during_send_goes_next(name):
 
 def test_p3_server_sums_received_slices_by_priority():
     """P3's server-side queue: pushes that arrive while the server is busy are summed best
-    priority first, whatever their arrival order. The test keeps the server busy by holding
-    the lock its summing thread takes, and speaks the wire protocol directly."""
+    priority first, whatever their arrival order. The server reads what one round of its
+    loop finds before it sums, so the test writes all six pushes in one send (one segment on
+    loopback), worst priority first, speaking the wire protocol directly."""
     servers = Servers(1, 1, mode=Mode.QUEUED, trace=True)
     ps = servers.ps[0]
     conn = connect("127.0.0.1", ps.port, "server 0", 10)
     conn.send(Kind.HELLO, key=1, chunk=Mode.QUEUED, sender=0)
     prios = [5, 4, 3, 2, 1, 0]  # worst first, as backward produces them
-    with ps.lock:
-        for key, prio in enumerate(prios):
-            conn.send(Kind.PUSH, key=key, it=0, payload=np.full(100, key, np.float32), priority=prio)
-        deadline = time.monotonic() + 10
-        while len(ps.queue) < len(prios) - 1 and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert len(ps.queue) >= len(prios) - 1, "pushes did not queue up"
+    frames = b"".join(HEADER.pack(Kind.PUSH, 0, 0, key, 0, 0, prio, 400) + np.full(100, key, np.float32).tobytes()
+                      for key, prio in enumerate(prios))
+    conn.sock.sendall(frames)
     results = {}
     for _ in prios:
         h = conn.recv_header()
@@ -215,8 +222,7 @@ def test_p3_server_sums_received_slices_by_priority():
     servers.join()
     assert not servers.errors, servers.errors
     done = [prios[e[1]] for e in ps.events if e[0] == "done"]
-    # the first one may have been taken before the backlog formed; the rest by priority
-    assert done[1:] == sorted(done[1:]) and len(done) == len(prios), done
+    assert done == sorted(done) and len(done) == len(prios), done
     assert all(np.array_equal(results[k], np.full(100, k, np.float32)) for k in range(len(prios)))
 
 

@@ -1,0 +1,415 @@
+"""Many connections served by one thread: frames in and out over non-blocking sockets.
+
+A process that gives every connection a receive thread and a send thread (`Outbox`) spends
+much of its CPU handing the GIL from thread to thread: the parameter server at 4 mercury
+workers made about 50 futex calls per frame it moved (strace). One thread that waits in
+epoll on every socket never hands the GIL to anyone, and reads a frame's payload together
+with the header of the frame behind it (one recvmsg for both).
+
+Each connection is a `Peer`: a receive state (a header, then its payload straight into the
+buffer the handler names, as `Connection.recv_into` does) and a priority outbox with
+`Outbox`'s rules, which this module keeps:
+
+- a frame is picked only when the kernel wants more bytes (EPOLLOUT: the unsent bytes are
+  below TCP_NOTSENT_LOWAT, retuned from the delivery rate every RETUNE_S while it sends),
+  so a frame queued later with a better order overtakes everything not yet picked;
+- with transmit stamps (`host_queue_s`), also only when the bytes written that have not
+  left the host are below host_queue_s of the rate (MIN_HOST_QUEUE at least), waiting
+  HOST_WAIT_MAX_S at most. The stamps come back on the socket's error queue, which epoll
+  reports as EPOLLERR: the loop reads them whenever they come;
+- frames of equal order go in the order they were put; `on_sent()` once a frame is
+  written; a closing peer sends what is queued, then BYE.
+
+Only the loop's thread calls a Peer's methods and the handler's (`Handler`): a handler runs
+on it, between two waits.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import select
+import socket
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from schedulers.core.base import CommError
+from schedulers.transport.connection import (
+    ABORT_LOCK_S,
+    HEADER,
+    HOST_WAIT_MAX_S,
+    MIN_HOST_QUEUE,
+    RETUNE_S,
+    Connection,
+    Header,
+    Kind,
+)
+from schedulers.transport.txstamps import TxStamps
+
+MAX_ABORT_TEXT = 1 << 20   # an ABORT's reason longer than this is a protocol error
+FRAMES_PER_READ = 64       # frames read from one peer before the loop looks at the others
+POLL_MAX_S = 0.05          # the longest wait, so that a held peer or a stop is seen soon
+_STOP = (float("inf"),)
+_IN, _OUT = select.EPOLLIN | select.EPOLLRDHUP, select.EPOLLOUT
+
+
+class PeerError(CommError):
+    """A CommError that names the peer (its `rank`) whose connection failed."""
+
+    def __init__(self, message: str, rank: int):
+        super().__init__(message)
+        self.rank = rank
+
+
+class Handler(Protocol):
+    def payload_buffer(self, peer: Peer, h: Header) -> np.ndarray | bytearray:
+        """Where the payload of frame `h` goes (its nbytes > 0): raise CommError to refuse it."""
+
+    def on_frame(self, peer: Peer, h: Header, payload: np.ndarray | bytearray | None) -> None:
+        """A whole frame (not ABORT, which the loop raises as the peer's error)."""
+
+
+class Peer:
+    """One connection in the loop: its receive state and its outbox."""
+
+    def __init__(self, loop: Loop, conn: Connection, rank: int, sender: int, stamps: TxStamps | None,
+                 host_queue_s: float | None, on_send: Callable[[Kind, int, int, int], None] | None):
+        self.loop, self.conn, self.sock, self.rank, self.sender = loop, conn, conn.sock, rank, sender
+        self.stamps = stamps
+        self.host_queue_s = host_queue_s if stamps is not None else None
+        self.on_send = on_send
+        self.fd = conn.sock.fileno()
+        # receive
+        self._head = bytearray(HEADER.size)
+        self._head_mv = memoryview(self._head)
+        self._hgot = 0
+        self._h: Header | None = None
+        self._obj = None
+        self._dest: memoryview | None = None
+        self._dgot = 0
+        self.bye_received = False
+        # send
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._cur: list[memoryview] | None = None     # what is left of the frame being written
+        self._cur_sent: Callable[[], None] | None = None
+        self._closing = False      # close(): nothing more is accepted, BYE after what is queued
+        self.bye_sent = False
+        self._went_idle = True
+        self._retuned = 0.0
+        self._host_blocked = False                 # waiting for the host's queue to drain ...
+        self._host_deadline: float | None = None   # ... until this instant at most
+        self.hold: int | None = None               # tests: picks allowed (None: no hold)
+        self._mask = _IN
+
+    # ------------------------------------------------------------------ send
+    def put(self, order: tuple, kind: Kind, key: int = 0, chunk: int = 0, it: int = 0,
+            payload: np.ndarray | None = None, priority: int = 0,
+            on_sent: Callable[[], None] | None = None) -> None:
+        if self._closing:
+            return   # the peer said BYE: nothing of this can matter to it
+        frame = [kind, key, chunk, it, payload, priority, on_sent]
+        if self.stamps is not None:
+            frame.append(self.stamps.ready(order))
+        heapq.heappush(self._heap, (order, next(self._seq), frame))
+        self._update()
+
+    def queued(self) -> int:
+        return len(self._heap)
+
+    def close(self) -> None:
+        """Send what is queued, then BYE."""
+        if not self._closing:
+            heapq.heappush(self._heap, (_STOP, next(self._seq), None))
+            self._closing = True
+            self._update()
+
+    @property
+    def sending(self) -> bool:
+        return self._cur is not None or bool(self._heap)
+
+    def _update(self) -> None:
+        """Ask epoll for EPOLLOUT exactly while there is something we may write now."""
+        want = self._cur is not None or (bool(self._heap) and not self._host_blocked and self.hold != 0)
+        mask = _IN | _OUT if want else _IN
+        if mask != self._mask:
+            self._mask = mask
+            self.loop.modify(self, mask)
+
+    def writable(self) -> None:
+        if self._cur is None and not self._pick():
+            self._update()
+            return
+        self._write()
+        self._update()
+
+    def _pick(self) -> bool:
+        """Take the best frame, as Outbox does, if it may go now; False if none may."""
+        if not self._heap:
+            self._went_idle = True
+            return False
+        if self.hold == 0:
+            return False
+        now = time.monotonic()
+        if now - self._retuned >= RETUNE_S:
+            self.conn.retune(backlogged=not self._went_idle)
+            self._retuned, self._went_idle = now, False
+        if self.host_queue_s is not None and self._heap[0][0] != _STOP:
+            self.stamps.drain()
+            if self.stamps.host_bytes() > self._host_limit():
+                if self._host_deadline is None:
+                    self._host_deadline = now + HOST_WAIT_MAX_S
+                if now < self._host_deadline:
+                    self._host_blocked = True
+                    return False
+        self._host_blocked, self._host_deadline = False, None
+        if self.hold is not None:
+            self.hold -= 1
+        order, _, frame = heapq.heappop(self._heap)
+        if order == _STOP:
+            self._cur, self._cur_sent = [memoryview(HEADER.pack(Kind.BYE, 0, self.sender, 0, 0, 0, 0, 0))], self._bye
+            if self.stamps is not None:
+                self.stamps.skip(HEADER.size)
+            return True
+        kind, key, chunk, it, payload, priority, on_sent = frame[:7]
+        body = None if payload is None else memoryview(payload).cast("B")
+        nbytes = 0 if body is None else len(body)
+        if self.stamps is not None:
+            stamp = frame[7]
+            self.stamps.popped(stamp, kind, key, chunk, it, priority, nbytes)
+            self.stamps.writing(stamp)
+        if self.on_send is not None:
+            self.on_send(kind, key, chunk, it)
+        head = memoryview(HEADER.pack(kind, 0, self.sender, key, chunk, it, priority, nbytes))
+        self._cur, self._cur_sent = ([head, body] if nbytes else [head]), on_sent
+        return True
+
+    def _host_limit(self) -> int:
+        return max(MIN_HOST_QUEUE, int(self.conn.rate() * self.host_queue_s))
+
+    def _write(self) -> None:
+        bufs = self._cur
+        try:
+            n = self.sock.sendmsg(bufs)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._send_failed(e)
+        while n and bufs:
+            if n >= len(bufs[0]):
+                n -= len(bufs[0])
+                bufs.pop(0)
+            else:
+                bufs[0] = bufs[0][n:]
+                n = 0
+        if not bufs:
+            done, self._cur, self._cur_sent = self._cur_sent, None, None
+            if done is not None:
+                done()
+
+    def _bye(self) -> None:
+        self.bye_sent = True
+
+    def _send_failed(self, e: OSError) -> None:
+        """A send that fails means the peer is gone: what it sent before (an ABORT, its
+        reason) is the error worth raising, if it is here to read."""
+        try:
+            self.readable(FRAMES_PER_READ)
+        except CommError:
+            raise
+        except Exception:  # noqa: BLE001 - the send error below is the one to report
+            pass
+        raise PeerError(f"sending to {self.conn.peer}: {e}", self.rank) from None
+
+    def stamps_came(self) -> None:
+        """EPOLLERR: read the transmit stamps; with none to read, the socket has an error."""
+        if self.stamps is not None and self.stamps.drain():
+            if self._host_blocked and self.stamps.host_bytes() <= self._host_limit():
+                self._host_blocked, self._host_deadline = False, None
+                self._update()
+            return
+        err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self.readable(FRAMES_PER_READ)   # an ABORT already here names the cause better
+            raise PeerError(f"{self.conn.peer}: {os.strerror(err)}", self.rank)
+
+    def host_wait_over(self, now: float) -> None:
+        """The wait for the host's queue is over: the next pick goes even above the bound."""
+        if self._host_blocked and now >= self._host_deadline:
+            self._host_blocked = False
+            self._update()
+
+    def abort(self, reason: str, deadline: float) -> None:
+        """Drop what is queued, tell the peer `reason` (after the frame being written, if it
+        can be finished by `deadline`), close."""
+        self._heap.clear()
+        self._closing = True
+        try:
+            if self._cur:
+                self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+                for b in self._cur:
+                    self.sock.sendall(b)
+                self._cur = None
+            self.sock.setblocking(False)
+        except OSError:
+            self.conn.close()
+            return
+        self.conn.abort(reason, self.sender)
+
+    # ------------------------------------------------------------------ receive
+    def readable(self, budget: int = FRAMES_PER_READ) -> None:
+        """Read what the socket holds (up to `budget` frames), handing each whole frame on."""
+        handler = self.loop.handler
+        while budget > 0:
+            if self._h is None:
+                if self._hgot < HEADER.size:
+                    n = self._recv(self._head_mv[self._hgot:])
+                    if n is None:
+                        return
+                    self._hgot += n
+                    if self._hgot < HEADER.size:
+                        return
+                h = self._parse()
+                self._hgot = 0
+                if not h.nbytes:
+                    budget -= 1
+                    self._deliver(handler, h, None)
+                    continue
+                self._h = h
+                self._obj = self._abort_text(h) if h.kind == Kind.ABORT else handler.payload_buffer(self, h)
+                self._dest, self._dgot = memoryview(self._obj).cast("B"), 0
+                if len(self._dest) != h.nbytes:
+                    raise PeerError(f"{self.conn.peer}: a {h.nbytes}-byte payload does not fit its "
+                                    f"{len(self._dest)}-byte buffer", self.rank)
+            want = len(self._dest) - self._dgot
+            try:
+                n = self.sock.recvmsg_into([self._dest[self._dgot:], self._head_mv])[0]
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                raise PeerError(f"{self.conn.peer}: {e}", self.rank) from None
+            if n == 0:
+                raise PeerError(f"{self.conn.peer} closed the connection", self.rank)
+            if n < want:
+                self._dgot += n
+                return
+            self._hgot = n - want
+            h, obj = self._h, self._obj
+            self._h = self._obj = self._dest = None
+            budget -= 1
+            self._deliver(handler, h, obj)
+
+    def _recv(self, view: memoryview) -> int | None:
+        try:
+            n = self.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as e:
+            raise PeerError(f"{self.conn.peer}: {e}", self.rank) from None
+        if n == 0:
+            if self.bye_received and not self._hgot:
+                self.loop.forget(self)   # it said BYE and closed: nothing more comes
+                return None
+            raise PeerError(f"{self.conn.peer} closed the connection", self.rank)
+        return n
+
+    def _parse(self) -> Header:
+        kind, _flags, sender, key, chunk, it, priority, nbytes = HEADER.unpack(self._head)
+        try:
+            return Header(Kind(kind), sender, key, chunk, it, priority, nbytes)
+        except ValueError:
+            raise PeerError(f"{self.conn.peer}: bad frame kind {kind}", self.rank) from None
+
+    def _abort_text(self, h: Header) -> bytearray:
+        if h.nbytes > MAX_ABORT_TEXT:
+            raise PeerError(f"{self.conn.peer} sent a {h.nbytes}-byte ABORT", self.rank)
+        return bytearray(h.nbytes)
+
+    def _deliver(self, handler: Handler, h: Header, payload) -> None:
+        if h.kind == Kind.ABORT:
+            raise PeerError(f"{self.conn.peer} reports: {payload.decode(errors='replace') if payload else ''}",
+                            self.rank)
+        if h.kind == Kind.BYE:
+            self.bye_received = True
+        try:
+            handler.on_frame(self, h, payload)
+        except PeerError:
+            raise
+        except CommError as e:
+            raise PeerError(str(e), self.rank) from None
+
+
+class Loop:
+    """The epoll loop over every Peer; `run` returns when `done()` holds after a round, and
+    raises the first error (a PeerError where a peer's connection failed)."""
+
+    def __init__(self, handler: Handler):
+        self.handler = handler
+        self._ep = select.epoll()
+        self.peers: dict[int, Peer] = {}     # fd -> Peer
+        self.after_round: Callable[[], None] | None = None   # called after each round of events
+
+    def add(self, conn: Connection, rank: int, sender: int = 0, stamps: TxStamps | None = None,
+            host_queue_s: float | None = None, on_send: Callable[[Kind, int, int, int], None] | None = None) -> Peer:
+        conn.sock.setblocking(False)
+        peer = Peer(self, conn, rank, sender, stamps, host_queue_s, on_send)
+        self.peers[peer.fd] = peer
+        self._ep.register(peer.fd, peer._mask)
+        return peer
+
+    def modify(self, peer: Peer, mask: int) -> None:
+        if peer.fd in self.peers:
+            self._ep.modify(peer.fd, mask)
+
+    def forget(self, peer: Peer) -> None:
+        if self.peers.pop(peer.fd, None) is not None:
+            try:
+                self._ep.unregister(peer.fd)
+            except OSError:
+                pass
+
+    def run(self, done: Callable[[], bool], stop: Callable[[], bool] = lambda: False) -> None:
+        while not done():
+            if stop():
+                raise CommError("stopped")
+            timeout = POLL_MAX_S
+            waits = [p._host_deadline for p in self.peers.values() if p._host_blocked]
+            if waits:
+                timeout = min(timeout, max(0.0, min(waits) - time.monotonic()))
+            try:
+                events = self._ep.poll(timeout)
+            except InterruptedError:
+                continue
+            for fd, ev in events:
+                peer = self.peers.get(fd)
+                if peer is None:
+                    continue
+                if ev & select.EPOLLERR:
+                    peer.stamps_came()
+                if ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLRDHUP):
+                    peer.readable()
+                if ev & select.EPOLLOUT and fd in self.peers:
+                    peer.writable()
+            if self.after_round is not None:
+                self.after_round()
+            now = time.monotonic()
+            for peer in list(self.peers.values()):
+                if peer._host_blocked:
+                    peer.host_wait_over(now)
+                elif peer._heap and peer._mask == _IN:
+                    peer._update()   # a held peer let go (tests)
+
+    def close(self) -> None:
+        self._ep.close()
+
+
+def abort_peers(peers: list[Peer], reason: str) -> None:
+    """Tell every peer why we stop, within ABORT_LOCK_S in all."""
+    deadline = time.monotonic() + ABORT_LOCK_S
+    for p in peers:
+        p.abort(reason, deadline)
+
+
