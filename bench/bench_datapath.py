@@ -72,18 +72,35 @@ def per_gbit(cpu_s: float, nbytes: float) -> float:
     return cpu_s / gbit if gbit > 0 else math.nan
 
 
-def cpu_between(samples: list[tuple[float, int, int]], a: float, b: float) -> tuple[float, float]:
-    """(user s, system s) that a process spent between instants a and b, from its samples
-    (t, utime ticks, stime ticks), interpolated linearly; ValueError unless they cover [a, b]."""
+def _between(samples: list[tuple], a: float, b: float, col: int) -> float:
+    """The growth of column `col` of a process's samples (t, ...) between instants a and b,
+    interpolated linearly; ValueError unless they cover [a, b]."""
     if len(samples) < 2 or a < samples[0][0] or b > samples[-1][0] or b < a:
         raise ValueError(f"samples cover [{samples[0][0] if samples else math.nan:.3f}, "
                          f"{samples[-1][0] if samples else math.nan:.3f}], not [{a:.3f}, {b:.3f}]")
     t = np.array([s[0] for s in samples])
-    out = []
-    for col in (1, 2):
-        v = np.array([s[col] for s in samples], dtype=float)
-        out.append(float(np.interp(b, t, v) - np.interp(a, t, v)) / TICK)
-    return out[0], out[1]
+    v = np.array([s[col] for s in samples], dtype=float)
+    return float(np.interp(b, t, v) - np.interp(a, t, v))
+
+
+def cpu_between(samples: list[tuple], a: float, b: float) -> tuple[float, float]:
+    """(user s, system s) that a process spent between instants a and b, from its samples
+    (t, utime ticks, stime ticks, ...), interpolated linearly; ValueError unless they cover [a, b]."""
+    return _between(samples, a, b, 1) / TICK, _between(samples, a, b, 2) / TICK
+
+
+def switches_between(samples: list[tuple], a: float, b: float) -> float:
+    """Context switches (voluntary and not, all threads) a process made between a and b, from
+    samples (t, utime, stime, switches); NaN where the samples do not count them."""
+    if not samples or len(samples[0]) < 4:
+        return math.nan
+    return _between(samples, a, b, 3)
+
+
+def parse_switches(status: str) -> int:
+    """voluntary_ctxt_switches + nonvoluntary_ctxt_switches of one thread's /proc status text."""
+    return sum(int(line.split()[1]) for line in status.splitlines()
+               if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
 
 
 def snap(times: np.ndarray, a: float, b: float) -> tuple[float, float]:
@@ -161,6 +178,11 @@ class Cost:
     nbytes: float      # per process (a worker row: the mean over the run's workers)
     user_s: float
     sys_s: float
+    switches: float = math.nan  # context switches of all its threads in the window
+
+    @property
+    def switches_per_mb(self) -> float:
+        return self.switches / (self.nbytes / 1e6) if self.nbytes > 0 else math.nan
 
     @property
     def gbit(self) -> float:
@@ -175,24 +197,24 @@ class Cost:
         return per_gbit(self.cpu_s, self.nbytes)
 
 
-def mean_cost(role: str, what: str, workers: int, mbps: float, parts: list[tuple[float, float, float]]) -> Cost:
-    """One row for several processes of one role, from each one's (bytes, user s, sys s): the means
-    (so that its per Gbit is the ratio of the sums)."""
+def mean_cost(role: str, what: str, workers: int, mbps: float, parts: list[tuple[float, ...]]) -> Cost:
+    """One row for several processes of one role, from each one's (bytes, user s, sys s[, switches]):
+    the means (so that its per Gbit is the ratio of the sums)."""
     n = len(parts)
-    return Cost(role, what, workers, mbps, *(sum(p[i] for p in parts) / n for i in range(3)))
+    return Cost(role, what, workers, mbps, *(sum(p[i] for p in parts) / n for i in range(len(parts[0]))))
 
 
 def table(costs: list[Cost], sender: Cost | None, receiver: Cost | None) -> str:
     """The markdown table; `x iperf3` against iperf3's receiver for servers, its sender otherwise."""
     lines = ["| role | what | workers | link Mb/s | Gbit moved | CPU s (user, sys) | CPU s per Gbit (user, sys) "
-             "| x iperf3 |", "|---|---|---|---|---|---|---|---|"]
+             "| x iperf3 | switches per MB |", "|---|---|---|---|---|---|---|---|---|"]
     for c in costs:
         peer = receiver if c.role in ("server", "iperf3 receiver") else sender
         ratio = c.per_gbit / peer.per_gbit if peer is not None and peer.per_gbit > 0 else math.nan
         ug, sg = per_gbit(c.user_s, c.nbytes), per_gbit(c.sys_s, c.nbytes)
         lines.append(f"| {c.role} | {c.what} | {c.workers or '-'} | {c.mbps:g} | {c.gbit:.2f} "
                      f"| {c.cpu_s:.2f} ({c.user_s:.2f}, {c.sys_s:.2f}) | {c.per_gbit:.3f} ({ug:.3f}, {sg:.3f}) "
-                     f"| {ratio:.1f} |")
+                     f"| {ratio:.1f} | {c.switches_per_mb:.0f} |")
     return "\n".join(lines)
 
 
@@ -208,9 +230,17 @@ def iterations_for(scheduler_family: str, workers: int, grad_bytes: float, mbps:
 # ---------------------------------------------------------------------------- sampling
 
 
-def read_cpu(pid: int) -> tuple[int, int] | None:
+def read_cpu(pid: int) -> tuple[int, int, int] | None:
+    """(utime, stime, context switches of all its threads) of a process; None once it is gone."""
     try:
-        return parse_stat(Path(f"/proc/{pid}/stat").read_text())
+        user, system = parse_stat(Path(f"/proc/{pid}/stat").read_text())
+        switches = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                switches += parse_switches((task / "status").read_text())
+            except OSError:
+                pass  # a thread that ended between the listing and the read
+        return user, system, switches
     except (OSError, IndexError, ValueError):
         return None
 
@@ -357,7 +387,8 @@ def iperf3_costs(state, logs: Path, mbps: float, seconds: float) -> tuple[Cost, 
         moved = sum(at[b][lab] - at[a][lab] for lab in (f"{host}->s1", f"s1->{host}"))
         samples = [s for s in sampler.cpu[role]]
         user, sys_ = cpu_between(samples, a, b)
-        out.append(Cost(f"iperf3 {role}", "one TCP flow", 0, mbps, moved, user, sys_))
+        out.append(Cost(f"iperf3 {role}", "one TCP flow", 0, mbps, moved, user, sys_,
+                        switches_between(samples, a, b)))
     return out[0], out[1]
 
 
@@ -417,9 +448,10 @@ def run_costs(p: RunPlan, exp, root: Path, state, profiler: Profiler | None) -> 
     a, b = snap(grid, max(warm["start"].min() - t0, first), min(warm["end"].max() - t0, last))
     mbps = exp.net.links[0].ab_mbps
 
-    def part(role: str, host: str) -> tuple[float, float, float]:
+    def part(role: str, host: str) -> tuple[float, float, float, float]:
         moved = link_bytes(links, f"{host}->s1", a, b) + link_bytes(links, f"s1->{host}", a, b)
-        return (moved, *cpu_between(sampler.cpu[role], a + t0, b + t0))
+        samples = sampler.cpu[role]
+        return (moved, *cpu_between(samples, a + t0, b + t0), switches_between(samples, a + t0, b + t0))
 
     out = []
     if p.ps:

@@ -64,8 +64,26 @@ def test_mean_cost_and_ratio_in_the_table():
     receiver = bd.Cost("iperf3 receiver", "one TCP flow", 0, 400, 250e6, 0.05, 0.05)  # 0.05
     server = bd.Cost("server", "fifo", 2, 400, 250e6, 0.4, 0.1)                       # 0.25
     text = bd.table([workers, server, sender, receiver], sender, receiver)
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[-1].strip(" |") for line in text.splitlines()[2:]}
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[-2].strip(" |") for line in text.splitlines()[2:]}
     assert rows == {"PS worker": "4.0", "server": "5.0", "iperf3 sender": "1.0", "iperf3 receiver": "1.0"}
+
+
+def test_switches_per_mb_from_the_samples():
+    samples = [(0.0, 0, 0, 100), (1.0, 0, 0, 300), (2.0, 0, 0, 700)]
+    assert bd.switches_between(samples, 0.5, 1.5) == pytest.approx(100 + 200)
+    assert math.isnan(bd.switches_between([(0.0, 0, 0), (1.0, 0, 0)], 0.0, 1.0))
+    cost = bd.mean_cost("server", "fifo", 2, 400, [(2e6, 0.1, 0.1, 50.0)])
+    assert cost.switches_per_mb == pytest.approx(25.0)
+    row = bd.table([cost], None, None).splitlines()[2]
+    assert row.split(" | ")[-1].strip(" |") == "25"
+
+
+def test_parse_switches_of_a_thread_status():
+    status = "Name:\tpython\nvoluntary_ctxt_switches:\t12\nnonvoluntary_ctxt_switches:\t3\n"
+    assert bd.parse_switches(status) == 15
+    from pathlib import Path
+
+    assert bd.parse_switches(Path("/proc/self/status").read_text()) >= 0
 
 
 def test_iterations_for_keeps_the_measured_time():
