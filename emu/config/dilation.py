@@ -140,6 +140,7 @@ TABLES: dict[str, Units] = {
     "qdiscs": Units((), ("t", "read_s")),
     "cpu": Units((), ("t",)),
     "shaping": Units((), ("planned_t", "actual_t"), ("rate_bps",)),
+    "tcp": Units(),   # each host's TCP counters over the run (emu/testbed/tcpcounters.py): counts only
 }
 
 

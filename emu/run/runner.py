@@ -55,6 +55,8 @@ from emu.testbed.monitor import Monitor, backend_for
 from emu.testbed.netlink import NetlinkError
 from emu.testbed.network import NetworkError, Testbed
 from emu.testbed.shaping import Shaper
+from emu.testbed.tcpcounters import HostCounters, drops_toward
+from emu.testbed.tcpcounters import totals as tcp_totals
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_PORT = 29500  # server i listens on SERVER_PORT + i
@@ -460,6 +462,8 @@ def _execute(tb: Testbed, exp: Experiment, run_dir: Path, tables: dict[str, pd.D
                              lambda host, name, argv: tb.launch(host, name, argv, log_dir, aux=True), log_dir).start()
         helpers.callback(_end_cross, cross, shaper, row, bool(exp.cross_traffic), wall.k)
         helpers.callback(end_faults)   # from the first role's launch on, a fault may be in force
+        tcp = HostCounters({h: tb.pid(h) for h in net.hosts})   # every host's TCP counts from here on
+        helpers.callback(_end_tcp, tcp, tables, row, wall.k)     # ... to the roles' end, before teardown
         roles = role_specs(exp, {h: tb.ip(h) for h in net.hosts}, rec_dir, wall)
         env = {"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(exp.workload["threads"])}
         for role, host, spec in roles:
@@ -488,6 +492,13 @@ def _end_monitor(monitor: Monitor, shaper: Shaper, tables: dict[str, pd.DataFram
     measured_tables["shaping"] = pd.DataFrame(shaper.log, columns=["link", "planned_t", "actual_t", "rate_bps"])
     for name, df in measured_tables.items():   # times relative to t = 0 and rates: no origin needed
         tables[name] = table_to_emulated(name, df, k)
+
+
+def _end_tcp(tcp: HostCounters, tables: dict[str, pd.DataFrame], row: dict, k: float) -> None:
+    """What each host's TCP counted since the roles started (tcp.parquet; counts, the same in
+    both clocks) and the row's totals (`tcp_*`, emu/testbed/tcpcounters.py)."""
+    tables["tcp"] = table_to_emulated("tcp", tcp.table(), k)
+    row.update(tcp_totals(tables["tcp"]))
 
 
 def _end_cross(cross: CrossTraffic, shaper: Shaper, row: dict, configured: bool, k: float) -> None:
@@ -530,7 +541,8 @@ def _watchdog(exp: Experiment, roles: list[tuple[str, str, RoleSpec]], ips: dict
 
 def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple[float, float] | None
                  ) -> dict[str, Any]:
-    """The fidelity verdict (over `window` of monitor time, if given) and the shaper's timeliness."""
+    """The fidelity verdict (over `window` of monitor time, if given), the shaper's timeliness and
+    the drops at the servers' ports (over the whole run)."""
     if "links" not in tables:
         return {}
 
@@ -540,6 +552,8 @@ def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple
     out = verdict(cut(tables["links"]), cut(tables["qdiscs"]), cut(tables["cpu"]), exp.fidelity).row()
     sh = tables["shaping"]
     out["shaping_changes"] = len(sh)
+    # what the switch's ports toward the servers dropped over the whole run (incast), like tcp_*
+    out["server_port_drops"] = drops_toward(tables["qdiscs"], exp.roles.servers)
     out["shaping_lag_max_s"] = float((sh["actual_t"] - sh["planned_t"]).max()) if len(sh) else None
     return out
 

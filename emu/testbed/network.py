@@ -444,6 +444,10 @@ class Testbed:
     def ip(self, host: str) -> str:
         return self.net.get(host).IP()
 
+    def pid(self, host: str) -> int:
+        """A process in `host`'s network namespace (its shell, alive until teardown)."""
+        return self.net.get(host).pid
+
     def _intf(self, node: str, peer: str):
         n, p = self.net.get(node), self.net.get(peer)
         link = self.net.linksBetween(n, p)[0]

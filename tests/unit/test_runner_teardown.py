@@ -8,6 +8,8 @@ shaper and the faults are the real ones, with nothing scheduled, their stops log
 """
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 
@@ -28,6 +30,9 @@ class Bed:
 
     def ip(self, host):
         return "127.0.0.1"
+
+    def pid(self, host):
+        return os.getpid()   # a process in this namespace: its TCP counters are real ones
 
     def counter(self, a, b):
         return lambda: 0
@@ -122,7 +127,7 @@ def test_a_failed_launch_stops_everything_faults_first(tmp_path, log):
     assert str(err) == "cannot launch worker0"
     assert log[:4] == ["monitor start", "cross start", "launch server0", "launch worker0"]
     assert stops(log) == ["faults stop", "shaper stop", "cross stop", "monitor stop"]
-    assert list(tables) == ["faults", "links", "qdiscs", "cpu", "shaping"]
+    assert list(tables) == ["tcp", "faults", "links", "qdiscs", "cpu", "shaping"]   # TCP read at the roles' end
     assert tables["faults"]["actual_start_s"].isna().all()           # never began: nothing to undo
     assert row["cross_traffic"] == "" and "stall_max_s" not in row    # no watchdog yet
 
@@ -131,6 +136,9 @@ def test_a_run_that_ends_stops_everything_in_the_same_order(tmp_path, log):
     t0_wall, tables, row = execute(tmp_path, Bed(log))
     assert t0_wall == 1234.5
     assert stops(log) == ["faults stop", "shaper stop", "cross stop", "monitor stop"]
-    assert list(tables) == ["links", "qdiscs", "cpu", "shaping"]
+    assert list(tables) == ["tcp", "links", "qdiscs", "cpu", "shaping"]
+    tcp = tables["tcp"]   # every host of the network, what its namespace's TCP counted meanwhile
+    assert sorted(tcp["host"]) == sorted(replay_job().net.hosts) and (tcp.drop(columns="host") >= 0).all().all()
+    assert row["tcp_retrans_segs"] >= 0 and row["tcp_out_segs"] >= 0
     assert list(row)[-4:] == ["stall_window_s", "stall_window_basis", "stall_max_s", "cross_traffic"]
     assert "roles_t0_wall" in row and "failed_at_s" not in row
