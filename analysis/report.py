@@ -26,6 +26,7 @@ from analysis import bounds as bounds_mod
 from analysis import catalog, fidelity, forest_compare, physics, plots, startup
 from analysis import claims as claims_mod
 from analysis import faults as faults_mod
+from analysis import incast as incast_mod
 from analysis.speedup import METHOD, MIN_REPEATS, baseline_variant, iteration_times, load_comparison, speedups
 from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
 
@@ -481,6 +482,51 @@ def _faults(runs_all: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]
     return out
 
 
+def incast_table(table: pd.DataFrame) -> pd.DataFrame:
+    """`incast.table` as the report shows it."""
+    def num(col: str, fmt: str, scale: float = 1.0) -> pd.Series:
+        return table[col].map(lambda v: format(v * scale, fmt) if pd.notna(v) else "–")
+
+    return pd.DataFrame({
+        "configuration": table["config"],
+        "server link": [f"{incast_mod.fraction_text(f)} ({m:g} Mb/s)" for f, m in
+                        zip(table["server_fraction"], table["server_mbps"], strict=True)],
+        "scheduler": table["scheduler"], "runs": table["runs"],
+        "iteration ms": num("iter_time_s", ".0f", 1e3), "bound ms": num("bound_s", ".0f", 1e3),
+        "eff.": num("efficiency", ".2f"), "retrans./iter.": num("retrans_per_iter", ".1f"),
+        "RTOs": num("timeouts", ".0f"), "drops": num("server_port_drops", ".0f"),
+        "fidelity": [f"{p}/{j}" if j else "not judged" for p, j in
+                     zip(table["fidelity_passed"], table["fidelity_judged"], strict=True)],
+        "CPU idle min": num("cpu_idle_min", ".0%")})
+
+
+def _incast(runs: pd.DataFrame, sweep_dir: Path, name: str) -> list[str]:
+    """Per scheduler and server-link fraction, what incast cost: where the sweep takes the
+    servers' links below the workers' sum, or is named incast (nothing otherwise)."""
+    runs = incast_mod.with_fractions(runs, sweep_dir)
+    if not incast_mod.applies(runs, name):
+        return []
+    table = incast_mod.table(runs, plots.scheduler_order(runs["scheduler"]))
+    if table.empty:
+        return []
+    drop = ["configuration"] if incast_mod.one_config_per_fraction(table) else []
+    return ["## Incast", "",
+            "The parameter servers' links slower than the sum of their workers' links: when the workers push at "
+            "once, the switch's port toward a server receives up to that sum, its queue overflows, and TCP "
+            "resends what it dropped, after a tail loss only when its retransmission timer fires (200 ms at "
+            "least). Per server-link fraction (the rate into the servers over the rate out of the workers) and "
+            "scheduler, the iteration beside its bound (the parameter-server model on the same links, see "
+            "Bounds) and what TCP and the queue counted (`emu/testbed/tcpcounters.py`).", "",
+            md_table(incast_table(table), "incast", drop=drop), "",
+            "Columns: iteration ms, the median over runs of each run's median iteration; bound ms and eff., the "
+            "bound and bound / measured (means over runs); retrans./iter., TCP segments every host retransmitted "
+            "over the whole run (warm-up and connection set-up included) divided by the iterations run; RTOs, "
+            "retransmission timeouts in the run; drops, packets the queues of the switch's ports toward the "
+            "servers dropped in the run (these three: medians over runs); fidelity, runs that passed the verdict "
+            "of those judged; CPU idle min, the machine's lowest idle fraction in a window of the measured "
+            "iterations, over the runs (the fidelity verdict's CPU check).", ""]
+
+
 def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str | None = None, style: str = "screen",
                  width: float | None = None, commit: str | None = None, source: str | None = None) -> Path:
     """Write report.md, its figures and its tables' CSV and LaTeX into `out_dir` (default:
@@ -554,6 +600,7 @@ def _write_report(sweep_dir: Path, out_dir: Path, baseline: str | None) -> Path:
     md += _replan(sweep_dir, out_dir)
     md += _startup(runs, iters, sweep_dir, out_dir)
     md += _faults(runs_all, sweep_dir, out_dir)
+    md += _incast(runs, sweep_dir, name)
     md += ["## Fidelity", "", *_fidelity(runs_all), ""]
     md += ["## Paper claims beside this sweep", "", *_claims(runs, iters, facts), ""]
     md += ["## Reproduce", "", f"- This report: `./inv report {sweep_dir}`.",
