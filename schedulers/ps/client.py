@@ -1,9 +1,11 @@
 """Worker side of the parameter-server family.
 
 `PSBase` holds what every member shares: one connection and one priority outbox per server,
-a HELLO that names the server mode the scheduler speaks, a receive thread per server,
-`wait`, `close`, and failure handling (the first error is kept, every server is told why,
-and `wait` raises it). Two protocols build on it:
+all served by one I/O thread (schedulers/transport/loop.py: no GIL handed between threads
+per frame), a HELLO that names the server mode the scheduler speaks, `wait`, `close`, and
+failure handling (the first error is kept, every server is told why, and `wait` raises it).
+The training thread hands its pushes to the I/O thread (`Loop.call_soon`, `Loop.wake`) and
+waits for results on the scheduler's condition. Two protocols build on it:
 
 - `PSScheduler` (push, ACK, pull). A gradient is cut into partitions (`CommTask`, after
   ByteScheduler's ByteTask). Each waits in a priority queue until the credit window has
@@ -22,21 +24,20 @@ partition"). A message is one communication request of the scheduler: each PUSH 
 PULL of `PSScheduler` (a whole tensor for fifo, a partition for bytescheduler), and for a
 `PushScheduler` whatever its `starts_message` hook says (each slice for p3; for mercury
 only a tensor's first packet on each server connection, its other packets being segments
-of the same stream). The send thread of each server connection waits that long after
-picking a frame that starts a message and before writing it (`StartupCost`). Nothing else
-goes out on that connection meanwhile, so the cost serialises per connection as a real
+of the same stream). Each server connection holds a frame that starts a message that long
+after picking it and before writing it (`StartupCost`, a `loop.Delay`). Nothing else goes
+out on that connection meanwhile, so the cost serialises per connection as a real
 per-message cost does; connections to different servers pay theirs in parallel. It is a
-sleep, not a busy loop, so it costs no CPU that training could use. The servers' ACKs and
-RESULTs pay nothing. Default 0: only what this transport and Python really cost per message.
+timer in the I/O loop, not a busy wait, so it costs no CPU that training could use. The
+servers' ACKs and RESULTs pay nothing. Default 0: only what this transport and Python really
+cost per message.
 """
 from __future__ import annotations
 
 import abc
-import functools
 import heapq
 import itertools
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -53,9 +54,8 @@ from schedulers.transport.connection import (
     Header,
     Kind,
     Mode,
-    Outbox,
-    abort_all,
 )
+from schedulers.transport.loop import Loop, Peer, abort_peers
 from schedulers.transport.peers import Hello, dial
 from schedulers.transport.txstamps import TxStamps, merge
 
@@ -97,29 +97,33 @@ class PSParams(SchedulerParams):
 
 
 class StartupCost:
-    """The modelled start-up cost of one connection's messages, paid by its send thread.
+    """The modelled start-up cost of one connection's messages (a `loop.Delay`).
 
-    `pay()` waits `seconds` less whatever the previous waits overshot (time.sleep wakes tens
-    of microseconds late), so after n messages `waited_s` is at least n x seconds and exceeds
-    it by at most one wake-up's lateness: small costs are not inflated by sleep's
-    granularity. Only the connection's one send thread calls it.
+    `due` holds a frame that starts a message for `seconds` less whatever the previous holds
+    overshot (the loop wakes up late, never early), so after n messages `waited_s` is at
+    least n x seconds and exceeds it by at most one wake-up's lateness: small costs are not
+    inflated by the timer's granularity.
     """
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, starts_message=lambda kind, key, chunk: True):
         self.seconds = seconds
         self.messages = 0
         self.waited_s = 0.0
         self._owed = 0.0
+        self._starts = starts_message
 
-    def pay(self) -> None:
+    def due(self, kind: Kind, key: int, chunk: int, it: int) -> float:
+        if kind not in (Kind.PUSH, Kind.PULL) or not self._starts(kind, key, chunk):
+            return 0.0
         self.messages += 1
         self._owed += self.seconds
-        if self._owed > 0:
-            t0 = time.monotonic()
-            time.sleep(self._owed)
-            waited = time.monotonic() - t0
-            self.waited_s += waited
-            self._owed -= waited
+        if self._owed <= 0:
+            return 0.0
+        return self._owed
+
+    def waited(self, seconds: float) -> None:
+        self.waited_s += seconds
+        self._owed -= seconds
 
 
 class PSBase(Scheduler):
@@ -135,43 +139,56 @@ class PSBase(Scheduler):
         self._cv = self._failure.cv
         self._done_it: dict[int, int] = {}     # key -> last iteration whose result is complete
         self.conns: list[Connection] = []
-        self.outboxes: list[Outbox] = []
-        self._threads: list[threading.Thread] = []
-        self.startup = [StartupCost(params.startup_us / 1e6) for _ in ctx.servers]  # one per server
+        self.loop = Loop(self)
+        self.peers: list[Peer] = []
+        self._io: threading.Thread | None = None
+        self.startup = [StartupCost(params.startup_us / 1e6, self._starts_frame) for _ in ctx.servers]  # per server
         self.stamps: list[TxStamps] = []  # traced: when each frame's bytes left (schedulers/transport/txstamps.py)
 
     # ------------------------------------------------------------------ setup
     def _connect(self) -> None:
-        hooked = self.ctx.trace or self.params.startup_us > 0
         try:
             for i, ep in enumerate(self.ctx.servers):
                 conn = dial(ep.ip, ep.port, f"server {i} ({ep.host} {ep.ip}:{ep.port})", self.ctx.connect_timeout_s,
                             Hello(self.ctx.rank, self.ctx.num_workers, self.server_mode))
                 conn.queue_s = PRIORITY_QUEUE_S
                 self.conns.append(conn)
-                on_send = functools.partial(self._sending, i) if hooked else None
                 # Transmit stamps always (the host's queue bound); a row per frame when traced.
                 stamps = TxStamps.enable(conn.sock, peer=i, record=self.ctx.trace)
                 if stamps is not None and self.ctx.trace:
                     self.stamps.append(stamps)
-                self.outboxes.append(Outbox(conn, self._fail, sender=self.ctx.rank, on_send=on_send, stamps=stamps,
-                                            host_queue_s=HOST_QUEUE_S))
+                self.peers.append(self.loop.add(
+                    conn, i, sender=self.ctx.rank, stamps=stamps, host_queue_s=HOST_QUEUE_S,
+                    on_send=self._sent_push if self.ctx.trace else None,
+                    delay=self.startup[i] if self.params.startup_us > 0 else None))
         except BaseException as e:
             for conn in self.conns:
                 conn.abort(str(e), self.ctx.rank)
             raise
-        self._threads = [threading.Thread(target=self._receive, args=(i,), daemon=True, name=f"recv-s{i}")
-                         for i in range(len(self.conns))]
-        for th in self._threads:
-            th.start()
+        self.loop.after_round = self._after_round
+        self._io = threading.Thread(target=self._serve, daemon=True, name="io")
+        self._io.start()
 
-    def _sending(self, s: int, kind: Kind, key: int, chunk: int, it: int) -> None:
-        """Server s's send thread is about to write a frame: pay the start-up cost if the
-        frame starts a message, then trace a PUSH (its first byte goes to the socket now)."""
-        if kind in (Kind.PUSH, Kind.PULL) and self.startup[s].seconds and self._starts_message(key, chunk):
-            self.startup[s].pay()
+    def _serve(self) -> None:
+        """The I/O thread: every server connection, until each has said BYE after ours."""
+        try:
+            self.loop.run(done=self._closed)
+        except BaseException as e:  # noqa: BLE001
+            self._fail(e)
+
+    def _closed(self) -> bool:
+        return self._failure.closing and all(p.bye_sent and p.bye_received for p in self.peers)
+
+    def _after_round(self) -> None:
+        """After each round of the I/O loop (a subclass moves queued work to the outboxes)."""
+
+    def _sent_push(self, kind: Kind, key: int, chunk: int, it: int) -> None:
+        """Traced: a PUSH's first byte goes to the socket now."""
         if kind == Kind.PUSH:
             self.event("send", key, chunk, it)
+
+    def _starts_frame(self, kind: Kind, key: int, chunk: int) -> bool:
+        return self._starts_message(key, chunk)
 
     def _starts_message(self, key: int, chunk: int) -> bool:
         """Whether the PUSH or PULL frame of (key, chunk) starts a message, one that pays the
@@ -207,36 +224,37 @@ class PSBase(Scheduler):
             self._failure.closing = True
             failed = self._failure.failed
             self._cv.notify_all()
-        if not failed:
-            for ob in self.outboxes:
-                ob.close()
+        if not failed and self._io is not None:
             # Each server answers our BYE with its own once it has sent us everything.
-            for th in self._threads:
-                th.join(self.CLOSE_WAIT_S)
+            self.loop.call_soon(self._say_bye)
+            self._io.join(self.CLOSE_WAIT_S)
         for conn in self.conns:
             conn.close()
+        if self._io is None or not self._io.is_alive():
+            self.loop.close()
+
+    def _say_bye(self) -> None:
+        for p in self.peers:
+            p.close()
 
     # ------------------------------------------------------------------ failure
     def _fail(self, err: BaseException) -> None:
-        """Keep the first error, wake `wait`, and tell every server why we stop."""
+        """Keep the first error, wake `wait`, and tell every server why we stop (on the I/O
+        thread, after its loop has ended)."""
         if self._failure.fail(str(err)):
-            abort_all(self.outboxes, str(err))  # the server prefixes our name
+            abort_peers(self.peers, str(err))  # the server prefixes our name
 
-    # ------------------------------------------------------------------ receive
-    def _receive(self, s: int) -> None:
-        conn = self.conns[s]
-        try:
-            while True:
-                h = conn.recv_header()
-                if h.kind == Kind.BYE:
-                    if not self._failure.closing:
-                        raise CommError(f"{conn.peer} ended the session early")
-                    return
-                if h.kind == Kind.ABORT:
-                    raise CommError(f"{conn.peer} reports: {conn.recv_text(h.nbytes)}")
-                self._on_frame(s, conn, h)
-        except BaseException as e:  # noqa: BLE001
-            self._fail(e)
+    # ------------------------------------------------------------------ receive (loop.Handler)
+    def on_frame(self, peer: Peer, h: Header, payload) -> None:
+        if h.kind == Kind.BYE:
+            if not self._failure.closing:
+                raise CommError(f"{peer.conn.peer} ended the session early")
+            return
+        self._on_frame(peer.rank, peer.conn, h)
+
+    def payload_buffer(self, peer: Peer, h: Header) -> np.ndarray:
+        """Where a RESULT's payload lands: its slice of the output buffer."""
+        raise NotImplementedError
 
     def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
         raise NotImplementedError
@@ -318,8 +336,6 @@ class PSScheduler(PSBase):
         slots = [(t.key, c, n) for t in tensors for c, n in enumerate(chunk_sizes(t.numel, self._partition))]
         self.server_of = assign_servers(slots, len(self.ctx.servers))
         self._connect()
-        dispatch = threading.Thread(target=self._dispatch, daemon=True, name="dispatch")
-        dispatch.start()
 
     def push(self, key: int, grad: np.ndarray, it: int) -> None:
         parts = self._partitions(key, grad.reshape(-1), it)
@@ -328,7 +344,7 @@ class PSScheduler(PSBase):
             self._pending[key] = len(parts)
             for p in parts:
                 heapq.heappush(self._queue, (p.order, p.seq, p.chunk, p))
-            self._cv.notify_all()
+        self.loop.wake()   # the I/O thread dispatches them after its round
 
     def _partitions(self, key: int, flat: np.ndarray, it: int) -> list[CommTask]:
         """The gradient cut every partition_numel elements, each task with its server and order."""
@@ -342,20 +358,21 @@ class PSScheduler(PSBase):
             parts.append(task)
         return parts
 
-    def _dispatch(self) -> None:
-        """Move queued tasks to their server in priority order while credit allows."""
-        f = self._failure
-        while True:
-            with self._cv:
-                while not (f.closing or f.failed or self._may_send()):
-                    self._cv.wait()
-                if f.closing or f.failed:
-                    return
+    def _after_round(self) -> None:
+        """Move queued tasks to their server in priority order while credit allows (on the
+        I/O thread, after each round: a push woke it, or an ACK returned credit)."""
+        moved = []
+        with self._cv:
+            if self._failure.closing or self._failure.failed:
+                return
+            while self._may_send():
                 task: CommTask = heapq.heappop(self._queue)[3]
                 self._inflight[(task.key, task.chunk, task.it)] = task
                 self._inflight_numel += task.numel
-            self.outboxes[task.server].put(self.wire_order(task), Kind.PUSH, task.key, task.chunk, task.it,
-                                           task.data, priority=task.priority)
+                moved.append(task)
+        for task in moved:
+            self.peers[task.server].put(self.wire_order(task), Kind.PUSH, task.key, task.chunk, task.it,
+                                        task.data, priority=task.priority)
 
     def _may_send(self) -> bool:
         """The best queued task fits the credit window (caller holds self._cv)."""
@@ -364,19 +381,30 @@ class PSScheduler(PSBase):
         credit, inflight = self._credit, self._inflight_numel
         return credit is None or inflight == 0 or inflight + self._queue[0][3].numel <= credit
 
-    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+    def _task(self, conn: Connection, h: Header) -> CommTask:
         with self._cv:
             task = self._inflight.get((h.key, h.chunk, h.it))
         if task is None:
             raise CommError(f"{conn.peer} sent {h.kind.name} for unknown slot {h.key}/{h.chunk}/it {h.it}")
+        return task
+
+    def payload_buffer(self, peer: Peer, h: Header) -> np.ndarray:
+        task = self._task(peer.conn, h)
+        if h.kind != Kind.RESULT:
+            raise CommError(f"{peer.conn.peer} sent unexpected {h.kind.name} with a payload")
+        if h.nbytes != task.numel * 4:
+            raise CommError(f"{peer.conn.peer} sent {h.nbytes} bytes for a {task.numel}-element slice")
+        return self.out[task.key][task.offset:task.offset + task.numel]
+
+    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+        task = self._task(conn, h)
         if h.kind == Kind.ACK:
             self._acked(task)
-            self.outboxes[s].put(self.wire_order(task), Kind.PULL, task.key, task.chunk, task.it,
-                                 priority=task.priority)
+            self.peers[s].put(self.wire_order(task), Kind.PULL, task.key, task.chunk, task.it,
+                              priority=task.priority)
         elif h.kind == Kind.RESULT:
-            if h.nbytes != task.numel * 4:
+            if h.nbytes != task.numel * 4:   # an empty slice's RESULT has no payload buffer
                 raise CommError(f"{conn.peer} sent {h.nbytes} bytes for a {task.numel}-element slice")
-            conn.recv_into(memoryview(self.out[task.key][task.offset:task.offset + task.numel]))
             self.event("recv", task.key, task.chunk, task.it)
             self._finish(task)
         else:
@@ -388,7 +416,6 @@ class PSScheduler(PSBase):
         # partitions would otherwise each hold credit the others wait for (deadlock).
         with self._cv:
             self._inflight_numel -= task.numel
-            self._cv.notify_all()
 
     def _finish(self, task: CommTask) -> None:
         with self._cv:
@@ -466,10 +493,15 @@ class PushScheduler(PSBase):
             off = c * st.step
             batches.setdefault(st.servers[c], []).append(
                 ((it, st.priority, c), Kind.PUSH, key, c, it, flat[off:off + n], st.priority, None))
-        for s, frames in batches.items():
-            self.outboxes[s].put_many(frames)
+        self.loop.call_soon(self._queue_pushes, batches)
 
-    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+    def _queue_pushes(self, batches: dict[int, list[tuple]]) -> None:
+        for s, frames in batches.items():
+            peer = self.peers[s]
+            for frame in frames:
+                peer.put(*frame)
+
+    def _expected(self, s: int, conn: Connection, h: Header) -> KeyState:
         st = self._keys.get(h.key)
         if h.kind != Kind.RESULT or st is None:
             raise CommError(f"{conn.peer} sent unexpected {h.kind.name} for key {h.key}")
@@ -480,8 +512,16 @@ class PushScheduler(PSBase):
         if not ok:
             raise CommError(f"{conn.peer} sent an unexpected result: key {h.key} slice {c} it {h.it}, "
                             f"{h.nbytes} bytes")
-        off = c * st.step
-        conn.recv_into(memoryview(self.out[h.key][off:off + st.sizes[c]]))
+        return st
+
+    def payload_buffer(self, peer: Peer, h: Header) -> np.ndarray:
+        st = self._expected(peer.rank, peer.conn, h)
+        off = h.chunk * st.step
+        return self.out[h.key][off:off + st.sizes[h.chunk]]
+
+    def _on_frame(self, s: int, conn: Connection, h: Header) -> None:
+        st = self._expected(s, conn, h) if not h.nbytes else self._keys[h.key]   # with a payload: checked already
+        c = h.chunk
         self.event("recv", h.key, c, h.it)
         with self._cv:
             st.got[c] = True

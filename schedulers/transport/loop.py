@@ -21,7 +21,12 @@ buffer the handler names, as `Connection.recv_into` does) and a priority outbox 
   written; a closing peer sends what is queued, then BYE.
 
 Only the loop's thread calls a Peer's methods and the handler's (`Handler`): a handler runs
-on it, between two waits.
+on it, between two waits. Another thread hands work to the loop with `call_soon` (a queue
+and an eventfd that wakes the wait), e.g. a worker's training thread pushing a gradient.
+
+A `Delay` (a modelled per-message start-up cost, schedulers/ps/client.py) may hold a picked
+frame for a while before it is written; nothing else goes out on that connection meanwhile,
+and the loop goes on serving the others.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import os
 import select
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -72,15 +78,26 @@ class Handler(Protocol):
         """A whole frame (not ABORT, which the loop raises as the peer's error)."""
 
 
+class Delay(Protocol):
+    def due(self, kind: Kind, key: int, chunk: int, it: int) -> float:
+        """A frame was picked: seconds to hold it before it is written (0: none)."""
+
+    def waited(self, seconds: float) -> None:
+        """It was held that long (at least what `due` said: the loop wakes late, never early)."""
+
+
 class Peer:
-    """One connection in the loop: its receive state and its outbox."""
+    """One connection in the loop: its receive state and its outbox. `on_send(kind, key,
+    chunk, it)` is called as a frame's first byte is handed to the socket (tracing)."""
 
     def __init__(self, loop: Loop, conn: Connection, rank: int, sender: int, stamps: TxStamps | None,
-                 host_queue_s: float | None, on_send: Callable[[Kind, int, int, int], None] | None):
+                 host_queue_s: float | None, on_send: Callable[[Kind, int, int, int], None] | None,
+                 delay: Delay | None = None):
         self.loop, self.conn, self.sock, self.rank, self.sender = loop, conn, conn.sock, rank, sender
         self.stamps = stamps
         self.host_queue_s = host_queue_s if stamps is not None else None
         self.on_send = on_send
+        self.delay = delay
         self.fd = conn.sock.fileno()
         # receive
         self._head = bytearray(HEADER.size)
@@ -96,6 +113,9 @@ class Peer:
         self._seq = itertools.count()
         self._cur: list[memoryview] | None = None     # what is left of the frame being written
         self._cur_sent: Callable[[], None] | None = None
+        self._cur_frame: tuple | None = None          # (kind, key, chunk, it, stamp) until its first write
+        self._held_from = 0.0
+        self.held_until: float | None = None          # a Delay holds the picked frame until then
         self._closing = False      # close(): nothing more is accepted, BYE after what is queued
         self.bye_sent = False
         self._went_idle = True
@@ -133,7 +153,10 @@ class Peer:
 
     def _update(self) -> None:
         """Ask epoll for EPOLLOUT exactly while there is something we may write now."""
-        want = self._cur is not None or (bool(self._heap) and not self._host_blocked and self.hold != 0)
+        if self.held_until is not None:
+            want = False
+        else:
+            want = self._cur is not None or (bool(self._heap) and not self._host_blocked and self.hold != 0)
         mask = _IN | _OUT if want else _IN
         if mask != self._mask:
             self._mask = mask
@@ -143,8 +166,17 @@ class Peer:
         if self._cur is None and not self._pick():
             self._update()
             return
-        self._write()
+        if self.held_until is None:
+            self._write()
         self._update()
+
+    def hold_over(self, now: float) -> None:
+        """The Delay's hold of the picked frame is over: write it."""
+        if self.held_until is not None and now >= self.held_until:
+            self.held_until = None
+            self.delay.waited(now - self._held_from)
+            self._write()
+            self._update()
 
     def _pick(self) -> bool:
         """Take the best frame, as Outbox does, if it may go now; False if none may."""
@@ -157,8 +189,9 @@ class Peer:
         if now - self._retuned >= RETUNE_S:
             self.conn.retune(backlogged=not self._went_idle)
             self._retuned, self._went_idle = now, False
+        # The stamps are read as epoll reports them (EPOLLERR, `stamps_came`), not here: one
+        # that came since is seen in the next round.
         if self.host_queue_s is not None and self._heap[0][0] != _STOP:
-            self.stamps.drain()
             if self.stamps.host_bytes() > self._host_limit():
                 if self._host_deadline is None:
                     self._host_deadline = now + HOST_WAIT_MAX_S
@@ -177,20 +210,30 @@ class Peer:
         kind, key, chunk, it, payload, priority, on_sent = frame[:7]
         body = None if payload is None else memoryview(payload).cast("B")
         nbytes = 0 if body is None else len(body)
+        stamp = None
         if self.stamps is not None:
             stamp = frame[7]
             self.stamps.popped(stamp, kind, key, chunk, it, priority, nbytes)
-            self.stamps.writing(stamp)
-        if self.on_send is not None:
-            self.on_send(kind, key, chunk, it)
         head = memoryview(HEADER.pack(kind, 0, self.sender, key, chunk, it, priority, nbytes))
         self._cur, self._cur_sent = ([head, body] if nbytes else [head]), on_sent
+        self._cur_frame = (kind, key, chunk, it, stamp)
+        if self.delay is not None:
+            hold = self.delay.due(kind, key, chunk, it)
+            if hold > 0:
+                self._held_from, self.held_until = now, now + hold
         return True
 
     def _host_limit(self) -> int:
         return max(MIN_HOST_QUEUE, int(self.conn.rate() * self.host_queue_s))
 
     def _write(self) -> None:
+        if self._cur_frame is not None:   # the frame's first byte goes to the socket now
+            kind, key, chunk, it, stamp = self._cur_frame
+            self._cur_frame = None
+            if stamp is not None:
+                self.stamps.writing(stamp)
+            if self.on_send is not None:
+                self.on_send(kind, key, chunk, it)
         bufs = self._cur
         try:
             n = self.sock.sendmsg(bufs)
@@ -247,6 +290,8 @@ class Peer:
         can be finished by `deadline`), close."""
         self._heap.clear()
         self._closing = True
+        if self.held_until is not None:   # a held frame was never begun: drop it
+            self.held_until, self._cur = None, None
         try:
             if self._cur:
                 self.sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -351,11 +396,33 @@ class Loop:
         self._ep = select.epoll()
         self.peers: dict[int, Peer] = {}     # fd -> Peer
         self.after_round: Callable[[], None] | None = None   # called after each round of events
+        self._calls: deque = deque()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._ep.register(self._wake_fd, select.EPOLLIN)
+
+    def call_soon(self, fn: Callable, *args) -> None:
+        """From any thread: run fn(*args) on the loop's thread, in order, at its next round."""
+        self._calls.append((fn, args))
+        self.wake()
+
+    def wake(self) -> None:
+        """From any thread: end the loop's current wait (its after_round hook runs)."""
+        os.eventfd_write(self._wake_fd, 1)
+
+    def _run_calls(self) -> None:
+        try:
+            os.eventfd_read(self._wake_fd)
+        except BlockingIOError:
+            pass
+        while self._calls:
+            fn, args = self._calls.popleft()
+            fn(*args)
 
     def add(self, conn: Connection, rank: int, sender: int = 0, stamps: TxStamps | None = None,
-            host_queue_s: float | None = None, on_send: Callable[[Kind, int, int, int], None] | None = None) -> Peer:
+            host_queue_s: float | None = None, on_send: Callable[[Kind, int, int, int], None] | None = None,
+            delay: Delay | None = None) -> Peer:
         conn.sock.setblocking(False)
-        peer = Peer(self, conn, rank, sender, stamps, host_queue_s, on_send)
+        peer = Peer(self, conn, rank, sender, stamps, host_queue_s, on_send, delay)
         self.peers[peer.fd] = peer
         self._ep.register(peer.fd, peer._mask)
         return peer
@@ -377,6 +444,7 @@ class Loop:
                 raise CommError("stopped")
             timeout = POLL_MAX_S
             waits = [p._host_deadline for p in self.peers.values() if p._host_blocked]
+            waits += [p.held_until for p in self.peers.values() if p.held_until is not None]
             if waits:
                 timeout = min(timeout, max(0.0, min(waits) - time.monotonic()))
             try:
@@ -386,6 +454,8 @@ class Loop:
             for fd, ev in events:
                 peer = self.peers.get(fd)
                 if peer is None:
+                    if fd == self._wake_fd:
+                        self._run_calls()
                     continue
                 if ev & select.EPOLLERR:
                     peer.stamps_came()
@@ -397,13 +467,16 @@ class Loop:
                 self.after_round()
             now = time.monotonic()
             for peer in list(self.peers.values()):
-                if peer._host_blocked:
+                if peer.held_until is not None:
+                    peer.hold_over(now)
+                elif peer._host_blocked:
                     peer.host_wait_over(now)
                 elif peer._heap and peer._mask == _IN:
                     peer._update()   # a held peer let go (tests)
 
     def close(self) -> None:
         self._ep.close()
+        os.close(self._wake_fd)
 
 
 def abort_peers(peers: list[Peer], reason: str) -> None:

@@ -8,13 +8,11 @@
   message is each PUSH and PULL for fifo and bytescheduler, each slice for p3, and for
   mercury one per tensor per iteration per server connection that carries its packets.
 
-To see what a send thread picks, a `Gate` holds it before each pick until the test lets it
-go (`PeerGate` the server's, whose outboxes are served by one loop): whatever is queued
-meanwhile competes for the next pick by the outbox's order alone.
+To see what an outbox picks, a `PeerGate` holds it before each pick until the test lets it
+go: whatever is queued meanwhile competes for the next pick by the outbox's order alone.
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -23,7 +21,7 @@ from pydantic import ValidationError
 
 from schedulers.core.base import TensorSpec
 from schedulers.registry import params_models
-from schedulers.transport.connection import Kind, Mode, Outbox, connect
+from schedulers.transport.connection import Kind, Mode, connect
 from schedulers.transport.loop import Peer
 from tests.loopback_jobs import SMALL_PARTS, Servers, create, run_job, run_workers
 
@@ -37,33 +35,10 @@ def wait_until(cond, timeout_s: float = 10.0) -> None:
         time.sleep(0.001)
 
 
-class Gate:
-    """Holds an outbox's send thread before each pick until `let` gives it a permit (or
-    `open` lets everything through)."""
-
-    def __init__(self, outbox: Outbox):
-        self.outbox, self.permits, self.opened = outbox, threading.Semaphore(0), False
-        # the outbox waits through its transmit stamps where it has them (transport.Outbox)
-        (outbox.conn if outbox._stamps is None else outbox._stamps).wait_writable = self._wait
-
-    def _wait(self, timeout_s: float) -> bool:
-        return self.opened or self.permits.acquire(timeout=timeout_s)
-
-    def queued(self) -> int:
-        return len(self.outbox._heap)
-
-    def let(self, n: int = 1) -> None:
-        for _ in range(n):
-            self.permits.release()
-
-    def open(self) -> None:
-        self.opened = True
-        self.permits.release()
-
-
 class PeerGate:
-    """Holds a server's outbox for one worker (a `Peer` of its loop) before each pick until
-    the test opens it: the loop picks nothing for a peer whose `hold` is 0."""
+    """Holds an outbox served by an I/O loop (a `Peer`: the server's for one worker, a PS
+    worker's for one server) before each pick until the test lets it go: the loop picks
+    nothing for a peer whose `hold` is 0, and counts `hold` down as it picks."""
 
     def __init__(self, peer: Peer):
         self.peer = peer
@@ -72,20 +47,26 @@ class PeerGate:
     def queued(self) -> int:
         return self.peer.queued()
 
+    def let(self, n: int = 1) -> None:
+        self.peer.hold = (self.peer.hold or 0) + n
+        self.peer.loop.wake()
+
     def open(self) -> None:
         self.peer.hold = None
+        self.peer.loop.wake()
 
 
-def record_frames(outbox: Outbox) -> list[tuple[Kind, int]]:
-    """(kind, key) of every frame the outbox writes from now on, in wire order."""
+def record_peer_frames(peer: Peer) -> list[tuple[Kind, int]]:
+    """(kind, key) of every frame the peer's outbox writes from now on, in wire order."""
     log: list[tuple[Kind, int]] = []
-    send = outbox.conn.send
+    on_send = peer.on_send
 
-    def recording(kind, key=0, *args, **kw):
+    def recording(kind, key, chunk, it):
         log.append((kind, key))
-        send(kind, key, *args, **kw)
+        if on_send is not None:
+            on_send(kind, key, chunk, it)
 
-    outbox.conn.send = recording
+    peer.on_send = recording
     return log
 
 
@@ -177,8 +158,8 @@ def test_fifo_worker_sends_first_come_first_sent():
     servers = Servers(1, 1)
     sched = create("fifo", 0, 1, servers.endpoints)
     sched.start([TensorSpec(k, f"t{k}", 1000, priority=k) for k in range(3)])
-    ob = sched.outboxes[0]
-    gate, sent = Gate(ob), record_frames(ob)
+    peer = sched.peers[0]
+    gate, sent = PeerGate(peer), record_peer_frames(peer)
     for key in (2, 1, 0):
         sched.push(key, np.full(1000, key, np.float32), 0)
     wait_until(lambda: gate.queued() == 3)
@@ -242,20 +223,25 @@ def test_startup_cost_is_paid_by_every_message(name):
 
 
 def log_payments_and_frames(sched, s: int) -> list:
-    """What server s's send thread does from now on, in order: "pay" for each start-up cost
-    paid, (kind, key, chunk) for each frame written."""
+    """What server s's connection does from now on, in order: "pay" for each start-up cost
+    held, (kind, key, chunk) for each frame written."""
     log: list = []
-    send, pay = sched.outboxes[s].conn.send, sched.startup[s].pay
+    peer, cost = sched.peers[s], sched.startup[s]
+    due, on_send = cost.due, peer.on_send
 
-    def sending(kind, key=0, chunk=0, *args, **kw):
+    def paying(kind, key, chunk, it):
+        before = cost.messages
+        hold = due(kind, key, chunk, it)
+        if cost.messages > before:   # a frame that starts a message pays
+            log.append("pay")
+        return hold
+
+    def sending(kind, key, chunk, it):
         log.append((kind, key, chunk))
-        send(kind, key, chunk, *args, **kw)
+        if on_send is not None:
+            on_send(kind, key, chunk, it)
 
-    def paying():
-        log.append("pay")
-        pay()
-
-    sched.outboxes[s].conn.send, sched.startup[s].pay = sending, paying
+    cost.due, peer.on_send = paying, sending
     return log
 
 
@@ -273,7 +259,7 @@ def test_mercury_pays_once_per_tensor_per_server():
                        {"packet_bytes": 4 * packet, "startup_us": startup_us})
         sched.start(tensors)
         assert [sched._keys[t.key].servers for t in tensors] == [[0], [1, 0, 1], [0, 1, 0, 1, 0]]
-        logs = [log_payments_and_frames(sched, s) for s in range(len(sched.outboxes))]
+        logs = [log_payments_and_frames(sched, s) for s in range(len(sched.peers))]
         got = []
         for it in range(iters):
             for t in reversed(tensors):
@@ -317,7 +303,7 @@ def test_no_startup_cost_by_default():
     sched.wait(0, 0)
     sched.close()
     servers.join()
-    assert sched.info() == {} and sched.outboxes[0]._on_send is None
+    assert sched.info() == {} and sched.peers[0].on_send is None and sched.peers[0].delay is None
 
 
 @pytest.mark.parametrize("value", [-1, 1_000_001, float("inf"), float("nan")])

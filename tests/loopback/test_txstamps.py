@@ -184,8 +184,8 @@ def test_stamps_only_when_traced(tmp_path):
         flags = sched.conns[0].sock.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING)
         sched.close()
         servers.join()
-        assert flags == FLAGS and sched.outboxes[0]._stamps is not None and bool(sched.stamps) is trace
-        assert sched.outboxes[0]._host_queue_s is not None
+        assert flags == FLAGS and sched.peers[0].stamps is not None and bool(sched.stamps) is trace
+        assert sched.peers[0].host_queue_s is not None
         assert bool(servers.ps[0].stamps) is trace
         if not trace:
             assert sched.tables() == {} and "tx" not in sched.info()
