@@ -135,14 +135,20 @@ def available_capacity(g: nx.DiGraph, window: tuple[float, float], links: pd.Dat
 
 
 def time_dilation(run_dir: Path) -> float:
-    """The run's `time_dilation` k from its config.yaml (emu/config/dilation.py; absent: 1). Its
-    tables are in emulated time already; only what its roles were given (the capacity graph
-    of roles/*.json) is in the dilated clock."""
+    """The run's `time_dilation` k from its config.yaml (emu/config/dilation.py; absent: 1), or,
+    where that says `auto`, the k the run was given, from its meta.json. Its tables are in
+    emulated time already; only what its roles were given (the capacity graph of roles/*.json)
+    is in the dilated clock."""
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
         return 1.0
     k = (yaml.safe_load(path.read_text()) or {}).get("time_dilation", 1.0)
-    return float(k) if isinstance(k, (int, float)) and k >= 1 else 1.0
+    if k == "auto":
+        try:
+            k = json.loads((Path(run_dir) / "meta.json").read_text()).get("time_dilation")
+        except (OSError, ValueError):
+            k = None
+    return float(k) if isinstance(k, (int, float)) and not isinstance(k, bool) and k >= 1 else 1.0
 
 
 def measured_window(run_dir: Path, run) -> tuple[float, float] | None:

@@ -15,6 +15,9 @@ experiment, and the machine has k times the CPU for each emulated second.
   `probe_s`, gloo's `timeout_s`). A scheduler never learns k: it is handed slower links and
   longer times, and it lives in wall-clock time (its capacity graph in the role spec holds
   the rates the links really run at).
+  `time_dilation: auto` has no k of its own: the runner is handed the k chosen for this machine
+  (emu/sweeps/autodilate.py) and runs `wall_plan(exp, k)`; the experiment, its config.yaml
+  and its run id keep `auto`.
 - `table_to_emulated` and friends: what the run measured, back in emulated time, at
   collection (emu/run/runner.py), so every stored table and the row are in emulated time:
   durations divided by k, rates multiplied by k, wall-clock instants t mapped to
@@ -44,6 +47,7 @@ from emu.config.shaping import schedule_events
 from emu.config.topospec import NetSpec
 
 MAX_TIME_DILATION = 100.0
+AUTO = "auto"  # time_dilation: auto, the k chosen per run on this machine (emu/sweeps/autodilate.py)
 CONNECT_TIMEOUT_S = 60.0   # the roles' bound on connecting, accepting and rendezvous
 ROLES_GRACE_S = 15.0       # servers may outlive the workers by this much
 TIME_SUFFIXES = ("_s", "_ms", "_us")  # a scheduler tunable with such a name is a time
@@ -108,9 +112,14 @@ class WallPlan:
     scheduler_params: dict[str, Any]                    # times x k
 
 
-def wall_plan(exp) -> WallPlan:
-    """What `exp` (an emu.config.experiment.Experiment) runs on the testbed under its `time_dilation`."""
-    k = float(exp.time_dilation)
+def wall_plan(exp, k: float | None = None) -> WallPlan:
+    """What `exp` (an emu.config.experiment.Experiment) runs on the testbed under its `time_dilation`,
+    or under `k` where given (the k chosen for `time_dilation: auto`, which has none of its own)."""
+    if k is None:
+        if exp.time_dilation == AUTO:
+            raise ValueError("time_dilation: auto: the run needs the k chosen for it (emu/sweeps/autodilate.py)")
+        k = exp.time_dilation
+    k = float(k)
     return WallPlan(
         k=k, net=dilate_net(exp.net, k), shaping_events=schedule_events(exp.shaping, exp.timeout_s, k),
         flows=[dilate_flow(f, k) for f in exp.cross_traffic], timeout_s=exp.timeout_s * k,

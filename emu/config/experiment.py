@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from pydantic import (
 
 from contracts.scheduler_info import SchedulerInfo
 from emu.config.crosstraffic import Flow
-from emu.config.dilation import MAX_TIME_DILATION, dilate_params, dilate_workload
+from emu.config.dilation import AUTO, MAX_TIME_DILATION, dilate_params, dilate_workload
 from emu.config.errors import describe, quote
 from emu.config.faults import MAX_FAULTS, Fault, check_faults
 from emu.config.placement import best_server
@@ -191,11 +192,13 @@ class Experiment(Strict):
                       description="the run's integer seed: torch gets seed x 1000 + stream, which must fit in 64 bits")
     timeout_s: float = Field(default=600, ge=1, le=MAX_TIMEOUT_S,
                              description="limit of one run, seconds (emulated: x time_dilation of wall clock)")
-    time_dilation: float = Field(
-        default=1.0, ge=1, le=MAX_TIME_DILATION,
+    time_dilation: Annotated[float, Field(ge=1, le=MAX_TIME_DILATION)] | Literal["auto"] = Field(
+        default=1.0,
         description="factor k: run k times slower, every link rate / k, every time x k (emu/config/dilation.py); "
                     "results are recorded in emulated time. Left out of the resolved config, and so of the run id, "
-                    "at 1")
+                    "at 1. \"auto\": the harness picks the smallest whole k that its calibration of this machine "
+                    "predicts keeps the CPU check green (emu/sweeps/autodilate.py); the run id stays that of "
+                    "\"auto\", the row's time_dilation is the k used")
     trace: bool = Field(default=False, description="record scheduler events into events.parquet")
     topology: Topology = Field(
         description="the network, of one of four kinds (star, racks, graph, sites), resolved to hosts, switches and "
@@ -239,12 +242,26 @@ class Experiment(Strict):
     _net: NetSpec | None = PrivateAttr(default=None)
     _scheduler_info: SchedulerInfo | None = PrivateAttr(default=None)  # from Sections; not hashed
 
+    _auto_k_max: int | None = PrivateAttr(default=None)  # validate_experiment's, with the sections; not hashed
+
     @field_validator("time_dilation", mode="before")
     @classmethod
-    def _a_number(cls, value):
-        if isinstance(value, bool):
-            raise ValueError(f"must be a number, got {quote(value)}")
-        return value
+    def _a_number_or_auto(cls, value):
+        if value == AUTO:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f'must be a number or "{AUTO}", got {quote(value)}')
+        try:
+            k = float(value)
+        except ValueError:
+            raise ValueError(f'must be a number or "{AUTO}", got {quote(value)}') from None
+        if not math.isfinite(k):
+            raise ValueError(f"must be a finite number, got {quote(value)}")
+        if k < 1:
+            raise ValueError("must be >= 1")
+        if k > MAX_TIME_DILATION:
+            raise ValueError(f"must be <= {MAX_TIME_DILATION:g}")
+        return k
 
     @model_serializer(mode="wrap")
     def _without_unit_dilation(self, handler):
@@ -300,6 +317,18 @@ class Experiment(Strict):
         return self
 
     @property
+    def auto_dilation(self) -> bool:
+        """`time_dilation: auto`: the k is chosen for this machine when the run starts (emu/sweeps/autodilate.py)."""
+        return self.time_dilation == AUTO
+
+    @property
+    def dilation_k_max(self) -> int:
+        """The largest whole k this experiment can run at: what the timeout, netem's delay and (where
+        validate_experiment had them) the workload's and scheduler's models allow once dilated."""
+        limit = _config_k_max(self, self.net)
+        return limit if self._auto_k_max is None else min(limit, self._auto_k_max)
+
+    @property
     def role_hosts(self) -> dict[str, str]:
         """Role name (server0, worker1, ...) -> its host."""
         return {**{f"server{i}": h for i, h in enumerate(self.roles.servers)},
@@ -338,6 +367,13 @@ class Experiment(Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def _config_k_max(exp: Experiment, net: NetSpec) -> int:
+    """The largest whole k at which the run's wall-clock limit and netem's delays still fit."""
+    limit = min(int(MAX_TIME_DILATION), math.floor(MAX_TIMEOUT_S / exp.timeout_s))
+    delays = [ln.delay_ms for ln in net.links if ln.delay_ms]
+    return min(limit, math.floor(MAX_DELAY_MS / max(delays))) if delays else limit
+
+
 def _check_dilation(exp: Experiment, net: NetSpec) -> None:
     """What time dilation stretches must still fit: the run's wall-clock limit, netem's delay."""
     k = exp.time_dilation
@@ -345,8 +381,11 @@ def _check_dilation(exp: Experiment, net: NetSpec) -> None:
         return
     if exp.faults:
         # their times, the costs and faults.parquet are wall clock; not converted yet
-        raise ConfigError(f"faults: not supported with time_dilation: {k:g} (set time_dilation: 1, or leave "
+        shown = AUTO if k == AUTO else f"{k:g}"
+        raise ConfigError(f"faults: not supported with time_dilation: {shown} (set time_dilation: 1, or leave "
                           f"faults out)")
+    if k == AUTO:
+        return  # the choice stays within _config_k_max
     if exp.timeout_s * k > MAX_TIMEOUT_S:
         raise ConfigError(f"time_dilation: timeout_s ({exp.timeout_s:g} s) x {k:g} is {exp.timeout_s * k:.0f} s "
                           f"of wall clock; at most {MAX_TIMEOUT_S} (7 days): shorten timeout_s or lower "
@@ -449,10 +488,15 @@ def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path 
         if not needs and exp.roles.servers:
             raise ConfigError(f"roles.servers: scheduler {exp.scheduler!r} runs among the workers; "
                               f"it uses no servers (remove them)")
-    _check_dilated_sections(exp.time_dilation, d, sections)
+    k_max = None
+    if exp.time_dilation == AUTO:
+        k_max = _auto_k_max(d, sections, _config_k_max(exp, exp.net))
+    else:
+        _check_dilated_sections(exp.time_dilation, d, sections)
     d["plugins"] = raw.get("plugins", [])  # with their paths, which the dump leaves out
     out = Experiment.model_validate(d, context=ctx)
     out._scheduler_info = sections.infos.get(out.scheduler)
+    out._auto_k_max = k_max
     return out
 
 
@@ -482,6 +526,29 @@ def _with_plugins(raw: dict[str, Any], sections: Sections, base_dir: Path) -> tu
     if not specs:
         return raw, sections
     return {**raw, "plugins": [dict(sections.plugins[s]) for s in specs]}, sections
+
+
+def _auto_k_max(d: dict[str, Any], sections: Sections, upper: int) -> int:
+    """`time_dilation: auto`: replayed compute only (the k chosen may be above 1), and the largest
+    whole k up to `upper` at which the dilated workload and scheduler tunables still pass their
+    models (each bound is one-sided in k, so a bisection finds it)."""
+    if d["workload"].get("compute", "real") != "replay":
+        raise ConfigError(f"time_dilation: {AUTO} needs workload.compute: replay; the k it picks may be above 1, and "
+                          f"real PyTorch compute runs at the machine's own speed and cannot be slowed down (replay a "
+                          f"profile, or set time_dilation: 1)")
+
+    def fits(k: int) -> bool:
+        try:
+            _check_dilated_sections(k, d, sections)
+        except ConfigError:
+            return False
+        return True
+
+    lo, hi = 1, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 def _check_dilated_sections(k: float, d: dict[str, Any], sections: Sections) -> None:

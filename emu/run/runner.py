@@ -304,10 +304,13 @@ def _max(values) -> float:
 
 
 def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
-            progress: Callable[[int], None] = lambda n: None, extra: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
+            progress: Callable[[int], None] = lambda n: None, extra: dict[str, Any] | None = None,
+            time_dilation: float | None = None) -> dict[str, Any]:
     """Run one experiment once; return (and record in runs.parquet) its row.
-    `extra`: more columns for the row (the sweep's grid point, as point.<key>)."""
+    `extra`: more columns for the row (the sweep's grid point, as point.<key>).
+    `time_dilation`: the k to run at, chosen for `time_dilation: auto` (emu/sweeps/autodilate.py);
+    meta.json and the row record it, config.yaml and the run id keep `auto`."""
+    wall = wall_plan(exp, time_dilation)
     run_id = exp.run_id(repeat)
     sweep_dir = results_root / exp.name
     run_dir = sweep_dir / run_id
@@ -322,14 +325,14 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     declared = {} if exp.scheduler_info is None else {SCHEDULER_METADATA: exp.scheduler_info.model_dump(mode="json")}
     # Plugins' code is part of the run (and its id): their identities in meta.json, their files copied.
     plugins = {"plugins": [p.model_dump(mode="json") for p in exp.plugins]} if exp.plugins else {}
+    chosen = {"time_dilation": wall.k} if exp.auto_dilation else {}   # analysis/capacity.py reads it
     write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment(), **declared,
-                                                  **plugins}, indent=2))
+                                                  **plugins, **chosen}, indent=2))
     _copy_plugins(exp, run_dir)
 
     # Under time dilation the testbed runs `wall` (emu/config/dilation.py); every table and metric is
     # converted back to emulated time as it is collected. wall_s, bringup_s and teardown_s
     # stay the harness's own wall-clock seconds.
-    wall = wall_plan(exp)
     row: dict[str, Any] = {"run_id": run_id, "sweep": exp.name, "repeat": repeat, "status": "running",
                            "reason": "", "started_at": dt.datetime.now(dt.UTC).isoformat(),
                            "network": exp.net.describe(), **flatten(exp.resolved()), "time_dilation": wall.k,

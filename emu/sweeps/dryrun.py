@@ -7,8 +7,10 @@ same point where the results have one (its wall time), otherwise from the analyt
 iteration (`iteration_bound`, given by the layer above: it needs the workload's profile and the
 bound models) times the iterations, plus the time its faults hold the job (their `for_s`),
 times the time dilation, plus the set-up and teardown a run costs. The estimate is near a
-floor, and says so: schedulers run slower than their bounds. Nothing here writes: results are
-only read.
+floor, and says so: schedulers run slower than their bounds. A plan with time dilation shows
+each point's k; with `time_dilation: auto` the k this machine's calibration picks
+(emu/sweeps/autodilate.py), or that the first run calibrates (and how long that takes). Nothing
+here writes: results (and the calibration) are only read.
 """
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from emu.config.autodilation import MARGIN
 from emu.config.experiment import Experiment
 from emu.config.plan import Plan
+from emu.sweeps import autodilate, calibrate
 from emu.sweeps.sweep import plan_runs
 
 # Set-up and teardown of one run where the results hold no earlier run to learn it from: building
@@ -43,6 +47,7 @@ class Point:
     done: int
     run_s: float | None   # estimated wall time of one run
     basis: str            # "earlier runs", "bound" or "unknown"
+    k: str = "1"          # time dilation: the number, or "auto: 3" (the choice here), "auto: not calibrated"
 
 
 def _earlier(sweep_dir: Path) -> pd.DataFrame:
@@ -65,14 +70,15 @@ def _setup_s(earlier: pd.DataFrame) -> float:
 
 
 def _run_estimate(exp: Experiment, ids: list[str], walls: dict[str, float], setup_s: float,
-                  iteration_bound: IterationBound) -> tuple[float | None, str]:
+                  iteration_bound: IterationBound, k: float | None = None) -> tuple[float | None, str]:
+    """`k`: the time dilation it runs at (default: the experiment's; None for `auto` without a choice)."""
     known = [walls[r] for r in ids if r in walls]
     if known:
         return float(pd.Series(known).median()), "earlier runs"
+    k = k if k is not None or exp.auto_dilation else float(exp.time_dilation)
     bound = iteration_bound(exp)
-    if bound is None or not math.isfinite(bound):
+    if bound is None or not math.isfinite(bound) or k is None:
         return None, "unknown"
-    k = float(exp.time_dilation)
     stalled = sum(f.for_s or 0.0 for f in exp.faults)  # a stopped worker or a cut link stalls the job that long
     return min(setup_s + (bound * exp.workload["iterations"] + stalled) * k, setup_s + exp.timeout_s * k), "bound"
 
@@ -91,8 +97,10 @@ def points(plan: Plan, results_root: Path, iteration_bound: IterationBound, forc
         by_exp.setdefault(id(exp), [exp, point, []])[2].append(exp.run_id(repeat))
     out = []
     for exp, point, ids in by_exp.values():
-        run_s, basis = _run_estimate(exp, ids, walls, setup_s, iteration_bound)
-        out.append(Point(labels[id(exp)], treatment(exp, point), len(ids), sum(r in done for r in ids), run_s, basis))
+        k, k_text = autodilate.planned(exp)
+        run_s, basis = _run_estimate(exp, ids, walls, setup_s, iteration_bound, k)
+        out.append(Point(labels[id(exp)], treatment(exp, point), len(ids), sum(r in done for r in ids), run_s, basis,
+                         k_text))
     return out
 
 
@@ -111,12 +119,16 @@ def render(plan: Plan, pts: list[Point], results_root: Path) -> str:
     """The dry run's text: a table of the points, then the counts and the estimate."""
     width = max([len(p.label) for p in pts] + [5])
     sw = max([len(p.scheduler) for p in pts] + [9])
+    dilated = any(p.k != "1" for p in pts)
+    kw = max([len(p.k) for p in pts] + [1]) if dilated else 0
+    k_head = f"{'k':<{kw}}  " if dilated else ""
     lines = [f"dry run of {plan.source} into {results_root / plan.name} (nothing is created)",
-             f"{'#':>3}  {'point':<{width}}  {'scheduler':<{sw}} {'runs':>4} {'done':>4} {'per run':>8}  basis"]
+             f"{'#':>3}  {'point':<{width}}  {'scheduler':<{sw}} {k_head}{'runs':>4} {'done':>4} {'per run':>8}  basis"]
     for i, p in enumerate(pts, 1):
         est = _duration(p.run_s) if p.run_s is not None else "?"
-        lines.append(f"{i:>3}  {p.label or '-':<{width}}  {p.scheduler:<{sw}} {p.runs:>4} {p.done:>4} {est:>8}  "
-                     f"{p.basis}")
+        k_cell = f"{p.k:<{kw}}  " if dilated else ""
+        lines.append(f"{i:>3}  {p.label or '-':<{width}}  {p.scheduler:<{sw}} {k_cell}{p.runs:>4} {p.done:>4} "
+                     f"{est:>8}  {p.basis}")
     runs = sum(p.runs for p in pts)
     done = sum(p.done for p in pts)
     left = [(p.runs - p.done, p.run_s) for p in pts if p.runs > p.done]
@@ -128,7 +140,24 @@ def render(plan: Plan, pts: list[Point], results_root: Path) -> str:
                  if unknown else "") + " (earlier runs of the same point where the results have them, else "
                  "each iteration at its analytic bound, plus its faults' duration and the set-up a run costs: "
                  "schedulers are slower than their bounds)")
+    lines += auto_notes(plan)
     return "\n".join(lines)
+
+
+def auto_notes(plan: Plan) -> list[str]:
+    """What a plan with `time_dilation: auto` needs from this machine's calibration."""
+    auto = [e for e in plan.experiments if e.auto_dilation]
+    if not auto:
+        return []
+    missing = sorted({e.scheduler for e in auto if calibrate.cached(e)[0] is None})
+    path = calibrate.cache_path(calibrate.describe_machine())
+    if not missing:
+        return [f"time_dilation auto: k is the smallest whole k this machine's calibration ({path}) predicts "
+                f"keeps the CPU idle at cpu_idle_min + {MARGIN:g} (idle shown at k and k - 1)"]
+    return [f"time_dilation auto: this machine is not calibrated yet for {', '.join(missing)}: the first run of "
+            f"each calibrates it (one run of about {calibrate.CAL_EST_S} s each, as root; "
+            f"{_duration(calibrate.CAL_EST_S * len(missing))} in all, not in the estimate), then picks k; "
+            f"its runs have no estimate until then (cache: {path})"]
 
 
 def render_tune(spec, results_root: Path, iteration_bound: IterationBound) -> str:
@@ -143,7 +172,8 @@ def render_tune(spec, results_root: Path, iteration_bound: IterationBound) -> st
     if len(ok):
         trial_s, basis = float(ok["wall_s"].median()), "earlier trials"
     else:
-        trial_s, basis = _run_estimate(spec.base, [], {}, _setup_s(earlier), iteration_bound)
+        trial_s, basis = _run_estimate(spec.base, [], {}, _setup_s(earlier), iteration_bound,
+                                       autodilate.planned(spec.base)[0])
     left = max(spec.budget - done, 0)
     labels = spec.plan.labels()
     where = next((labels[i] for i, p in enumerate(spec.plan.points)

@@ -203,6 +203,7 @@ def run_on_node(exp, repeat: int, point: dict) -> NodeResult:
     import ray
 
     from emu.run.runner import run_one, terminate_as_interrupt
+    from emu.sweeps.autodilate import run_auto
 
     node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
     preflight.check([exp])  # this node's kernel: a ConfigError is the run's reason
@@ -218,7 +219,9 @@ def run_on_node(exp, repeat: int, point: dict) -> NodeResult:
     try:
         with StateDir() as state, contextlib.redirect_stderr(said):
             try:
-                row = run_one(exp, repeat, tmp, state, extra={**point_columns(point), "ray_node": node})
+                # time_dilation: auto chooses its k on this node (calibrating the node the first time)
+                row = (run_auto if exp.auto_dilation else run_one)(exp, repeat, tmp, state,
+                                                                   extra={**point_columns(point), "ray_node": node})
             except Exception:  # noqa: BLE001 - run_one recorded the failed row before raising
                 runs = read_runs(tmp / exp.name)
                 row = runs.iloc[-1].to_dict()

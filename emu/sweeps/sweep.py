@@ -13,6 +13,7 @@ from tqdm import tqdm
 from emu.config.plan import Plan
 from emu.run.results import completed
 from emu.run.runner import run_one, terminate_as_interrupt
+from emu.sweeps.autodilate import run_auto
 from emu.testbed import preflight
 from emu.testbed.cleanup import StateDir, clean
 
@@ -78,7 +79,8 @@ def bar_desc(i: int, n: int, exp, repeat: int, label: str, repeats: int) -> str:
 def outcome(exp, row: dict, sweep_dir: Path) -> str:
     """How a run ended, for its progress line."""
     if row["status"] == "ok":
-        dilated = f", time dilation {exp.time_dilation:g}" if exp.time_dilation != 1 else ""
+        k = row.get("time_dilation", 1)
+        dilated = f", time dilation {k:g}" + (" (auto)" if exp.auto_dilation else "") if k != 1 else ""
         return (f"ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
                 f"wall {row['wall_s']:.1f} s{dilated}")
     return f"{row['status']}: {row['reason']} (logs: {sweep_dir / row['run_id'] / 'logs'})"
@@ -120,7 +122,11 @@ def run_plan(plan: Plan, results_root: Path, force: bool = False,
                     bar.update(n - bar.n)
 
                 try:
-                    row = run_one(exp, repeat, results_root, state, progress, extra=point_columns(point))
+                    if exp.auto_dilation:   # the k chosen for this machine (calibrated the first time)
+                        row = run_auto(exp, repeat, results_root, state, progress, extra=point_columns(point),
+                                       say=lambda text: tqdm.write(text, file=sys.stderr))
+                    else:
+                        row = run_one(exp, repeat, results_root, state, progress, extra=point_columns(point))
                 finally:
                     bar.close()
                 rows.append(row)

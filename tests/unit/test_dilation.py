@@ -99,10 +99,12 @@ def test_run_ids_of_undilated_configs_are_unchanged(tmp_path):
 
 BAD = [
     (variant(BASE, time_dilation=0.5), "time_dilation: must be >= 1"),
-    (variant(BASE, time_dilation="fast"), "time_dilation: must be a number, got 'fast'"),
-    (variant(BASE, time_dilation=True), "time_dilation: must be a number, got True"),
-    (variant(BASE, time_dilation=[2]), "time_dilation: must be a number, got [2]"),
+    (variant(BASE, time_dilation="fast"), "time_dilation: must be a number or \"auto\", got 'fast'"),
+    (variant(BASE, time_dilation=True), 'time_dilation: must be a number or "auto", got True'),
+    (variant(BASE, time_dilation=[2]), 'time_dilation: must be a number or "auto", got [2]'),
     (variant(BASE, time_dilation=1e9), "time_dilation: must be <= 100"),
+    (variant(BASE, time_dilation="Auto"), 'time_dilation: must be a number or "auto", got \'Auto\''),
+    (variant(BASE, time_dilation=float("inf")), "time_dilation: must be a finite number, got inf"),
     (variant(BASE, time_dilation=2, timeout_s=604_800),
      "time_dilation: timeout_s (604800 s) x 2 is 1209600 s of wall clock; at most 604800 (7 days): shorten "
      "timeout_s or lower time_dilation"),

@@ -1,0 +1,327 @@
+"""What a role's traffic costs this machine in CPU, per scheduler: the calibration behind
+`time_dilation: auto` (emu/config/autodilation.py has the model and the choice).
+
+Measured once per scheduler, the first time an `auto` run of it starts here, through the normal
+run path (emu/run/runner.py `run_one`): a star of CAL_WORKERS workers (and a parameter server for
+the parameter-server family) at CAL_MBPS every link, the small VGG replayed at speedup
+CAL_SPEEDUP (communication-bound), about CAL_SECONDS of measured iterations. Over those
+iterations: each role process's CPU (utime + stime of /proc/<pid>/stat, all its threads, sampled
+every 0.1 s and interpolated at the window's ends), the machine's busy time and the
+orchestrator's (the monitor's cpu table), and the bytes of each role's host link (links table);
+before the run, the machine's own load for BASE_S. `derive` turns them into the costs.
+
+The result is cached in one JSON file per machine description (CPU model, CPUs, memory, kernel)
+and digest of the data path's sources (schedulers/ and workloads/*.py), so another machine, a
+new kernel or a change of the data path calibrates again; inside it one entry per scheduler
+(a plugin's by its name and code hash). The directory: $SCHEDLAB_CACHE_DIR, else
+$XDG_CACHE_HOME/schedlab, else ~/.cache/schedlab. Deleting the file calibrates again.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from contracts.iterations import measured
+from emu.config.autodilation import RoleSample, SchedulerCost, derive, link_directions, role_rates
+from emu.config.experiment import Experiment
+from emu.run.runner import REPO, machine, run_one
+from emu.testbed.cleanup import StateDir
+
+CACHE_ENV = "SCHEDLAB_CACHE_DIR"
+FORMAT = 1
+CAL_NAME = "calibrate"
+CAL_WORKERS = 4
+CAL_MBPS = 300.0
+CAL_SPEEDUP = 10.0      # the small VGG's 48 ms of compute in 4.8 ms: the run is communication-bound
+CAL_SECONDS = 4.0       # measured iterations, at the bound
+CAL_WARMUP = 2
+CAL_TIMEOUT_S = 180
+CAL_PROFILE = ("vgg", "small")
+BASE_S = 2.0            # the machine's own load, measured before the run
+CAL_EST_S = 30          # what one scheduler's calibration takes on the reference machine (2 cores)
+TICK = os.sysconf("SC_CLK_TCK")
+
+Say = Callable[[str], None]
+
+
+class CalibrationError(RuntimeError):
+    """The calibration run failed or measured nothing; the message says why."""
+
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- the cache
+
+def cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "schedlab"
+
+
+DATAPATH = ("schedulers/**/*.py", "workloads/*.py")
+
+
+def datapath_digest(repo: Path = REPO) -> str:
+    """sha256 of the data path's sources (path and content of each, in order)."""
+    h = hashlib.sha256()
+    for pattern in DATAPATH:
+        for path in sorted(repo.glob(pattern)):
+            if "__pycache__" in path.parts:
+                continue
+            h.update(str(path.relative_to(repo)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def describe_machine(repo: Path = REPO) -> dict:
+    """What the calibration holds for: this machine, this kernel, this data path."""
+    return {"format": FORMAT, **machine(), "cpus": os.cpu_count(), "kernel": platform.release(),
+            "datapath_sha256": datapath_digest(repo)}
+
+
+def cache_path(description: dict, directory: Path | None = None) -> Path:
+    key = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
+    return (directory or cache_dir()) / f"calibration-{key}.json"
+
+
+def scheduler_key(exp: Experiment) -> str:
+    """A scheduler's entry: its name, and for a plugin's its code hash."""
+    own = [p.sha256[:12] for p in exp.plugins]
+    return exp.scheduler + (f"@{'+'.join(own)}" if own else "")
+
+
+def load(path: Path) -> dict[str, SchedulerCost]:
+    """The cached entries of one file (none where it is missing or unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+        return {k: SchedulerCost.from_json(v) for k, v in data.get("schedulers", {}).items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def store(path: Path, description: dict, key: str, cost: SchedulerCost) -> None:
+    """Add (or replace) one scheduler's entry, under a lock, by an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data = {"machine": description, "schedulers": {**data.get("schedulers", {}), key: cost.to_json()}}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+
+def cached(exp: Experiment, directory: Path | None = None) -> tuple[SchedulerCost | None, Path]:
+    """This machine's calibration of the experiment's scheduler, if there is one, and its file."""
+    path = cache_path(describe_machine(), directory)
+    return load(path).get(scheduler_key(exp)), path
+
+
+def cost_for(exp: Experiment, state: StateDir, say: Say = _stderr) -> SchedulerCost:
+    """The cached calibration of the experiment's scheduler, measured first where there is none."""
+    description = describe_machine()
+    path = cache_path(description)
+    key = scheduler_key(exp)
+    found = load(path).get(key)
+    if found is not None:
+        return found
+    say(f"time_dilation auto: calibrating {exp.scheduler} on this machine, once (about {CAL_EST_S} s: "
+        f"{CAL_WORKERS} workers{' and a server' if exp.roles.servers else ''} at {CAL_MBPS:g} Mb/s, each role's "
+        f"CPU per Gbit); cached in {path}")
+    cost = calibrate(exp, state, say)
+    store(path, description, key, cost)
+    say(f"time_dilation auto: {summary(cost)}")
+    return cost
+
+
+def summary(c: SchedulerCost) -> str:
+    roles = ", ".join(f"{kind} {v:.3f}" for kind, v in c.cost.items())
+    return (f"{c.scheduler}: CPU s per Gbit of the bound, worst second: {roles}; orchestrator "
+            f"{c.harness * 1e3:.2f} ms/s per link direction; machine's own load {c.base:.2f} of {c.cpus} CPUs")
+
+
+# ---------------------------------------------------------------------------- the calibration run
+
+def grad_bytes(repo: Path = REPO) -> float:
+    model, preset = CAL_PROFILE
+    return float(json.loads((repo / "profiles" / f"{model}-{preset}.json").read_text())["grad_bytes"])
+
+
+def calibration_experiment(exp: Experiment) -> Experiment:
+    """The calibration run of `exp`'s scheduler (and plugins): a small star, every link at CAL_MBPS,
+    the small VGG replayed; its iterations from the bound, for about CAL_SECONDS measured."""
+    ps = bool(exp.roles.servers)
+    workers = [f"w{i}" for i in range(CAL_WORKERS)]
+    hosts = (["ps"] if ps else []) + workers
+    per_iteration = CAL_WORKERS * grad_bytes() if ps else 2 * (CAL_WORKERS - 1) / CAL_WORKERS * grad_bytes()
+    iterations = CAL_WARMUP + max(4, math.ceil(CAL_SECONDS / (per_iteration * 8 / (CAL_MBPS * 1e6))))
+    model, preset = CAL_PROFILE
+    raw = {"name": CAL_NAME, "seed": 0, "timeout_s": CAL_TIMEOUT_S,
+           "topology": {"kind": "star", "hosts": [{"name": h, "bw_mbps": CAL_MBPS} for h in hosts]},
+           "roles": {"servers": ["ps"] if ps else [], "workers": workers},
+           "workload": {"model": model, "preset": preset, "data": "synthetic", "compute": "replay", "profile": None,
+                        "speedup": CAL_SPEEDUP, "batch_size": 32, "iterations": iterations, "warmup": CAL_WARMUP,
+                        "threads": 1, "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-4},
+           "scheduler": exp.scheduler,
+           "plugins": [{**p.model_dump(mode="json"), "path": p.path, "module": p.module} for p in exp.plugins]}
+    return Experiment.model_validate(raw, context={"base_dir": str(REPO), "traces": {}})
+
+
+def machine_load(seconds: float) -> float:
+    """The machine's busy CPUs (CPU-seconds per second) over the next `seconds`, from /proc/stat."""
+    def times() -> tuple[float, float]:
+        v = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return v[3] + v[4], sum(v[:8])
+
+    idle0, total0 = times()
+    time.sleep(seconds)
+    idle1, total1 = times()
+    return (1.0 - (idle1 - idle0) / max(total1 - total0, 1e-9)) * (os.cpu_count() or 1)
+
+
+def calibrate(exp: Experiment, state: StateDir, say: Say = _stderr) -> SchedulerCost:
+    """One calibration run of `exp`'s scheduler; its costs. The run's directory is removed unless
+    it failed (then the error names it)."""
+    cal = calibration_experiment(exp)
+    base = machine_load(BASE_S)
+    root = Path(tempfile.mkdtemp(prefix="schedlab-calibrate-"))
+    run_dir = root / cal.name / cal.run_id(0)
+    sampler = RoleSampler(str(run_dir / "roles") + "/", len(cal.roles.servers) + len(cal.roles.workers)).start()
+    try:
+        row = run_one(cal, 0, root, state)
+    finally:
+        sampler.stop()
+    if row["status"] != "ok":
+        raise CalibrationError(f"calibrating {exp.scheduler} failed: {row['reason']} (logs: {run_dir / 'logs'})")
+    try:
+        cost = measure(cal, row, run_dir, sampler.samples, base)
+    except (OSError, ValueError, KeyError) as e:
+        raise CalibrationError(f"calibrating {exp.scheduler}: nothing measured ({e}; run: {run_dir})") from None
+    shutil.rmtree(root, ignore_errors=True)
+    return cost
+
+
+def measure(cal: Experiment, row: dict, run_dir: Path, samples: dict[str, list[tuple[float, float]]],
+            base: float) -> SchedulerCost:
+    """The costs of a finished calibration run from its tables and the roles' CPU samples."""
+    iters = pd.read_parquet(run_dir / "iterations.parquet")
+    warm = iters[measured(iters["iteration"], cal.workload["warmup"], cal.workload["iterations"])]
+    t0 = row["monitor_t0_wall"]
+    cpu = pd.read_parquet(run_dir / "cpu.parquet").sort_values("t")
+    links = pd.read_parquet(run_dir / "links.parquet")
+    roles = cal.role_hosts
+    if set(samples) != set(roles):
+        raise ValueError(f"roles sampled: {sorted(samples)}, expected {sorted(roles)}")
+    lo = max(warm["start"].min(), max(s[0][0] for s in samples.values())) - t0
+    hi = min(warm["end"].max(), min(s[-1][0] for s in samples.values())) - t0
+    grid = cpu["t"].to_numpy()
+    inside = grid[(grid >= lo) & (grid <= hi)]
+    if len(inside) < 2:
+        raise ValueError(f"fewer than two CPU samples in the measured iterations [{lo:.2f}, {hi:.2f}] s")
+    a, b = float(inside[0]), float(inside[-1])
+    dt_cpu = np.diff(grid, prepend=np.nan)
+    keep = (grid > a + 1e-9) & (grid <= b + 1e-9)
+    cpus = os.cpu_count() or 1
+    busy_s = float(np.sum((1 - cpu["cpu_idle"].to_numpy()[keep]) * dt_cpu[keep]) * cpus)
+    harness_s = float(np.sum(cpu["harness_cpu"].to_numpy()[keep] * dt_cpu[keep]))
+    rates = {r.role: r.gbps for r in role_rates(cal.net, list(cal.roles.servers), list(cal.roles.workers))}
+    role_samples = []
+    for role, host in roles.items():
+        t, c = np.array([s[0] for s in samples[role]]), np.array([s[1] for s in samples[role]])
+        cpu_s = float(np.interp(b + t0, t, c) - np.interp(a + t0, t, c)) / TICK
+        moved = _link_bytes(links, f"{host}->s1", a, b) + _link_bytes(links, f"s1->{host}", a, b)
+        role_samples.append(RoleSample("server" if role.startswith("server") else "worker", cpu_s, moved, rates[role]))
+    peak = (1.0 - float(row["fidelity_cpu_idle_min"])) * cpus
+    cost = derive(cal.scheduler, base=base, window_s=b - a, busy_s=busy_s, peak_load=peak, harness_s=harness_s,
+                  roles=role_samples, directions=link_directions(cal.net), cpus=cpus)
+    info = {**cost.info, "mbps": CAL_MBPS, "workers": CAL_WORKERS, "machine_busy_cpus": round(busy_s / (b - a), 3),
+            "worst_second_cpus": round(peak, 3), "fidelity_ok": bool(row.get("fidelity_ok")),
+            "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    return SchedulerCost(cost.scheduler, cost.base, cost.cost, cost.harness, cost.cpus, info)
+
+
+def _link_bytes(links: pd.DataFrame, label: str, a: float, b: float) -> float:
+    """Bytes a link direction carried over (a, b] of monitor time (each row: the rate since its previous one)."""
+    rows = links[links["link"] == label].sort_values("t")
+    t = rows["t"].to_numpy()
+    dt_ = np.diff(t, prepend=np.nan)
+    keep = (t > a + 1e-9) & (t <= b + 1e-9)
+    return float(np.nansum(rows["tx_bytes_per_s"].to_numpy()[keep] * dt_[keep]))
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """utime + stime of a process (all its threads), in clock ticks; None once it is gone."""
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(rest[11]) + int(rest[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def find_roles(marker: str) -> dict[str, int]:
+    """Role name -> pid of each Python process whose last argument is a spec file under `marker`."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            args = [a.decode(errors="replace") for a in Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0") if a]
+            if args and Path(args[0]).name.startswith("python") and args[-1].startswith(marker):
+                out[Path(args[-1]).stem] = int(d)
+    return out
+
+
+class RoleSampler:
+    """Every 0.1 s the CPU ticks of each role process of one run (found by its roles/ directory)."""
+
+    def __init__(self, marker: str, expect: int, every: float = 0.1):
+        self.marker, self.expect, self.every = marker, expect, every
+        self.pids: dict[str, int] = {}
+        self.samples: dict[str, list[tuple[float, float]]] = {}
+        self._gone: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="calibrate-sampler", daemon=True)
+
+    def start(self) -> RoleSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            if len(self.pids) < self.expect:
+                for role, pid in find_roles(self.marker).items():
+                    self.pids.setdefault(role, pid)
+            now = time.time()
+            for role, pid in self.pids.items():
+                if role in self._gone:
+                    continue
+                ticks = _cpu_ticks(pid)
+                if ticks is None:
+                    self._gone.add(role)
+                else:
+                    self.samples.setdefault(role, []).append((now, float(ticks)))
