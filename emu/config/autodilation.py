@@ -163,31 +163,30 @@ class RoleSample:
     bound_gbps: float
 
 
-def derive(scheduler: str, *, base: float, window_s: float, busy_s: float, peak_load: float, harness_s: float,
-           roles: list[RoleSample], directions: int, cpus: int) -> SchedulerCost:
-    """The costs of one calibration run. `busy_s`: the machine's busy CPU-seconds over the window;
-    `peak_load`: its busiest 1 s window's CPU-s/s; `harness_s`: the orchestrator's CPU-seconds.
-    The kernel's work no process is charged for (busy - base - harness - roles) goes to the roles
-    by the bytes they moved; the whole (harness and roles) is scaled from the window's mean to
-    its busiest second."""
-    roles_s = sum(r.cpu_s for r in roles)
+def derive(scheduler: str, *, base: float, window_s: float, roles: list[RoleSample], harness_s: float,
+           uncharged_s: float, peak_over_mean: float, directions: int, cpus: int) -> SchedulerCost:
+    """The costs of one calibration run from what it measured over its window: each role's CPU,
+    the orchestrator's (`harness_s`) and the kernel's work charged to no process (`uncharged_s`:
+    the machine's busy time less every process's), which goes to the roles by the bytes they
+    moved; all of it scaled from the window's mean to its busiest second (`peak_over_mean`)."""
     moved = sum(r.moved_bytes for r in roles)
-    unattributed = max(busy_s - base * window_s - harness_s - roles_s, 0.0)
-    mean = harness_s + roles_s + unattributed                       # CPU-s over the window, above base
-    peak = max((peak_load - base) * window_s / mean, 1.0) if mean > 0 else 1.0   # worst second over the mean
+    peak = max(peak_over_mean, 1.0)
+    uncharged_s = max(uncharged_s, 0.0)
     cost, per_moved = {}, {}
     for kind in ROLE_KINDS:
         mine = [r for r in roles if r.kind == kind]
         if not mine:
             continue
-        cpu = sum(r.cpu_s + (unattributed * r.moved_bytes / moved if moved > 0 else 0.0) for r in mine)
+        cpu = sum(r.cpu_s + (uncharged_s * r.moved_bytes / moved if moved > 0 else 0.0) for r in mine)
         bound_gbit = sum(r.bound_gbps for r in mine) * window_s
         moved_gbit = sum(r.moved_bytes for r in mine) * 8 / 1e9
         cost[kind] = peak * cpu / bound_gbit if bound_gbit > 0 else 0.0
         per_moved[kind] = round(sum(r.cpu_s for r in mine) / moved_gbit, 4) if moved_gbit > 0 else None
-    efficiency = moved * 8 / 1e9 / (sum(r.bound_gbps for r in roles) * window_s) if roles else None
+    bound = sum(r.bound_gbps for r in roles) * window_s
     info = {"window_s": round(window_s, 3), "peak_over_mean": round(peak, 3),
-            "unattributed_cpu_per_s": round(unattributed / window_s, 4),
-            "process_cpu_s_per_gbit_moved": per_moved, "moved_over_bound": round(efficiency, 3) if efficiency else None}
-    return SchedulerCost(scheduler, base, cost, peak * harness_s / window_s / directions if directions else 0.0,
-                         cpus, info)
+            "roles_cpus": round(sum(r.cpu_s for r in roles) / window_s, 4),
+            "harness_cpus": round(harness_s / window_s, 4), "uncharged_cpus": round(uncharged_s / window_s, 4),
+            "process_cpu_s_per_gbit_moved": per_moved,
+            "moved_over_bound": round(moved * 8 / 1e9 / bound, 3) if bound > 0 else None}
+    harness = peak * harness_s / window_s / directions if directions else 0.0
+    return SchedulerCost(scheduler, base, cost, harness, cpus, info)

@@ -4,11 +4,15 @@
 Measured once per scheduler, the first time an `auto` run of it starts here, through the normal
 run path (emu/run/runner.py `run_one`): a star of CAL_WORKERS workers (and a parameter server for
 the parameter-server family) at CAL_MBPS every link, the small VGG replayed at speedup
-CAL_SPEEDUP (communication-bound), about CAL_SECONDS of measured iterations. Over those
-iterations: each role process's CPU (utime + stime of /proc/<pid>/stat, all its threads, sampled
-every 0.1 s and interpolated at the window's ends), the machine's busy time and the
-orchestrator's (the monitor's cpu table), and the bytes of each role's host link (links table);
-before the run, the machine's own load for BASE_S. `derive` turns them into the costs.
+CAL_SPEEDUP (communication-bound), about CAL_SECONDS of measured iterations. Every SAMPLE_S over
+the run: each role process's CPU (utime + stime of /proc/<pid>/stat, all its threads), the
+orchestrator's (its monitors), every process's, and the machine's busy time (/proc/stat); over
+the measured iterations these give each role's CPU, the orchestrator's, and the kernel's work
+charged to no process (softirq of veth, bridges and htb: the machine's busy time less every
+process's, so other users' processes are not counted), and the busiest second over the mean.
+Bytes: each role's host link, from the run's links table. Before the run, the machine's own load
+for BASE_S (the least of its half seconds). `derive` (emu/config/autodilation.py) turns them
+into the costs.
 
 The result is cached in one JSON file per machine description (CPU model, CPUs, memory, kernel)
 and digest of the data path's sources (schedulers/ and workloads/*.py), so another machine, a
@@ -32,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +60,7 @@ CAL_TIMEOUT_S = 180
 CAL_PROFILE = ("vgg", "small")
 BASE_S = 2.0            # the machine's own load, measured before the run
 CAL_EST_S = 30          # what one scheduler's calibration takes on the reference machine (2 cores)
+BUSY_IDLE = 0.35        # a calibration run whose CPU idle fell below this says the machine was busy
 TICK = os.sysconf("SC_CLK_TCK")
 
 Say = Callable[[str], None]
@@ -152,6 +158,10 @@ def cost_for(exp: Experiment, state: StateDir, say: Say = _stderr) -> SchedulerC
     cost = calibrate(exp, state, say)
     store(path, description, key, cost)
     say(f"time_dilation auto: {summary(cost)}")
+    idle = cost.info.get("fidelity_cpu_idle_min")
+    if idle is not None and idle < BUSY_IDLE:
+        say(f"time_dilation auto: warning: the CPU idle fell to {idle:.2f} during the calibration run (other work "
+            f"on this machine?), so its costs may be high and k larger than needed; delete {path} to calibrate again")
     return cost
 
 
@@ -188,30 +198,40 @@ def calibration_experiment(exp: Experiment) -> Experiment:
     return Experiment.model_validate(raw, context={"base_dir": str(REPO), "traces": {}})
 
 
-def machine_load(seconds: float) -> float:
-    """The machine's busy CPUs (CPU-seconds per second) over the next `seconds`, from /proc/stat."""
-    def times() -> tuple[float, float]:
-        v = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return v[3] + v[4], sum(v[:8])
+def _stat_jiffies() -> tuple[float, float, float]:
+    """(busy, total, irq + softirq) clock ticks of the whole machine, all CPUs, from /proc/stat
+    (iowait counts as idle)."""
+    v = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(v[:8]) - v[3] - v[4], sum(v[:8]), v[5] + v[6]
 
-    idle0, total0 = times()
-    time.sleep(seconds)
-    idle1, total1 = times()
-    return (1.0 - (idle1 - idle0) / max(total1 - total0, 1e-9)) * (os.cpu_count() or 1)
+
+def machine_load(seconds: float, every: float = 0.5) -> float:
+    """The machine's own load in busy CPUs over the next `seconds`: the least of its `every`
+    intervals (what stays when nothing else runs for a moment)."""
+    cpus = os.cpu_count() or 1
+    loads = []
+    busy0, total0, _ = _stat_jiffies()
+    for _ in range(max(1, round(seconds / every))):
+        time.sleep(every)
+        busy1, total1, _ = _stat_jiffies()
+        loads.append((busy1 - busy0) / max(total1 - total0, 1e-9) * cpus)
+        busy0, total0 = busy1, total1
+    return max(min(loads), 0.0)
 
 
 def calibrate(exp: Experiment, state: StateDir, say: Say = _stderr) -> SchedulerCost:
     """One calibration run of `exp`'s scheduler; its costs. The run's directory is removed unless
     it failed (then the error names it)."""
     cal = calibration_experiment(exp)
-    base = machine_load(BASE_S)
     root = Path(tempfile.mkdtemp(prefix="schedlab-calibrate-"))
     run_dir = root / cal.name / cal.run_id(0)
-    sampler = RoleSampler(str(run_dir / "roles") + "/", len(cal.roles.servers) + len(cal.roles.workers)).start()
+    before = machine_load(BASE_S)
+    sampler = Sampler(str(run_dir / "roles") + "/", len(cal.roles.servers) + len(cal.roles.workers)).start()
     try:
         row = run_one(cal, 0, root, state)
     finally:
         sampler.stop()
+    base = min(before, machine_load(BASE_S))   # the run may have waited for another's network
     if row["status"] != "ok":
         raise CalibrationError(f"calibrating {exp.scheduler} failed: {row['reason']} (logs: {run_dir / 'logs'})")
     try:
@@ -222,41 +242,65 @@ def calibrate(exp: Experiment, state: StateDir, say: Say = _stderr) -> Scheduler
     return cost
 
 
-def measure(cal: Experiment, row: dict, run_dir: Path, samples: dict[str, list[tuple[float, float]]],
-            base: float) -> SchedulerCost:
-    """The costs of a finished calibration run from its tables and the roles' CPU samples."""
+@dataclass(frozen=True)
+class Sample:
+    """One instant of the sampler: CPU clock ticks of each role, of the orchestrator and of every
+    process (pid -> ticks), and the machine's busy ticks and those in interrupts (/proc/stat)."""
+    t: float
+    roles: dict[str, int]
+    harness: int
+    procs: dict[int, int]
+    busy: float
+    irq: float
+
+
+def intervals(samples: list[Sample], roles: list[str]) -> pd.DataFrame:
+    """Per interval between successive samples (`t`: its end): the roles' CPU ticks, the
+    orchestrator's, and the kernel's work charged to no process: the machine's busy ticks less
+    every process's (those seen at both ends grow, a new one counts whole), at most its ticks in
+    interrupts and softirq (a process that ended inside the interval took its ticks along)."""
+    rows = []
+    for prev, cur in zip(samples, samples[1:]):
+        if not all(r in prev.roles and r in cur.roles for r in roles):
+            continue
+        procs = sum(v - prev.procs.get(pid, 0) for pid, v in cur.procs.items())
+        uncharged = min(max((cur.busy - prev.busy) - procs, 0.0), cur.irq - prev.irq)
+        rows.append({"t0": prev.t, "t": cur.t, "roles": {r: cur.roles[r] - prev.roles[r] for r in roles},
+                     "harness": cur.harness - prev.harness, "uncharged": uncharged})
+    return pd.DataFrame(rows, columns=["t0", "t", "roles", "harness", "uncharged"])
+
+
+def measure(cal: Experiment, row: dict, run_dir: Path, samples: list[Sample], base: float) -> SchedulerCost:
+    """The costs of a finished calibration run from its tables and the sampler's samples, over
+    the samples inside its measured iterations."""
     iters = pd.read_parquet(run_dir / "iterations.parquet")
     warm = iters[measured(iters["iteration"], cal.workload["warmup"], cal.workload["iterations"])]
-    t0 = row["monitor_t0_wall"]
-    cpu = pd.read_parquet(run_dir / "cpu.parquet").sort_values("t")
-    links = pd.read_parquet(run_dir / "links.parquet")
     roles = cal.role_hosts
-    if set(samples) != set(roles):
-        raise ValueError(f"roles sampled: {sorted(samples)}, expected {sorted(roles)}")
-    lo = max(warm["start"].min(), max(s[0][0] for s in samples.values())) - t0
-    hi = min(warm["end"].max(), min(s[-1][0] for s in samples.values())) - t0
-    grid = cpu["t"].to_numpy()
-    inside = grid[(grid >= lo) & (grid <= hi)]
-    if len(inside) < 2:
-        raise ValueError(f"fewer than two CPU samples in the measured iterations [{lo:.2f}, {hi:.2f}] s")
-    a, b = float(inside[0]), float(inside[-1])
-    dt_cpu = np.diff(grid, prepend=np.nan)
-    keep = (grid > a + 1e-9) & (grid <= b + 1e-9)
-    cpus = os.cpu_count() or 1
-    busy_s = float(np.sum((1 - cpu["cpu_idle"].to_numpy()[keep]) * dt_cpu[keep]) * cpus)
-    harness_s = float(np.sum(cpu["harness_cpu"].to_numpy()[keep] * dt_cpu[keep]))
+    iv = intervals(samples, list(roles))
+    iv = iv[(iv["t0"] >= warm["start"].min()) & (iv["t"] <= warm["end"].max())]
+    if len(iv) < 2 or not (iv["t0"].iloc[1:].to_numpy() == iv["t"].iloc[:-1].to_numpy()).all():
+        raise ValueError(f"{len(iv)} whole sampler intervals with every role inside the measured iterations")
+    a, b = float(iv["t0"].iloc[0]), float(iv["t"].iloc[-1])
+    mine = (iv["roles"].map(lambda d: sum(d.values())) + iv["harness"] + iv["uncharged"]).to_numpy()
+    per_second = np.convolve(mine, np.ones(SECOND_INTERVALS), "valid") if len(mine) >= SECOND_INTERVALS else mine
+    dt_ = (iv["t"] - iv["t0"]).to_numpy()
+    span = np.convolve(dt_, np.ones(SECOND_INTERVALS), "valid") if len(dt_) >= SECOND_INTERVALS else dt_
+    peak_over_mean = float((per_second / span).max() / (mine.sum() / (b - a))) if mine.sum() > 0 else 1.0
+    links = pd.read_parquet(run_dir / "links.parquet")
+    t0 = row["monitor_t0_wall"]
     rates = {r.role: r.gbps for r in role_rates(cal.net, list(cal.roles.servers), list(cal.roles.workers))}
-    role_samples = []
-    for role, host in roles.items():
-        t, c = np.array([s[0] for s in samples[role]]), np.array([s[1] for s in samples[role]])
-        cpu_s = float(np.interp(b + t0, t, c) - np.interp(a + t0, t, c)) / TICK
-        moved = _link_bytes(links, f"{host}->s1", a, b) + _link_bytes(links, f"s1->{host}", a, b)
-        role_samples.append(RoleSample("server" if role.startswith("server") else "worker", cpu_s, moved, rates[role]))
-    peak = (1.0 - float(row["fidelity_cpu_idle_min"])) * cpus
-    cost = derive(cal.scheduler, base=base, window_s=b - a, busy_s=busy_s, peak_load=peak, harness_s=harness_s,
-                  roles=role_samples, directions=link_directions(cal.net), cpus=cpus)
-    info = {**cost.info, "mbps": CAL_MBPS, "workers": CAL_WORKERS, "machine_busy_cpus": round(busy_s / (b - a), 3),
-            "worst_second_cpus": round(peak, 3), "fidelity_ok": bool(row.get("fidelity_ok")),
+    role_samples = [RoleSample("server" if role.startswith("server") else "worker",
+                               float(sum(d[role] for d in iv["roles"])) / TICK,
+                               _link_bytes(links, f"{host}->s1", a - t0, b - t0) +
+                               _link_bytes(links, f"s1->{host}", a - t0, b - t0), rates[role])
+                    for role, host in roles.items()]
+    cpus = os.cpu_count() or 1
+    cost = derive(cal.scheduler, base=base, window_s=b - a, roles=role_samples,
+                  harness_s=float(iv["harness"].sum()) / TICK, uncharged_s=float(iv["uncharged"].sum()) / TICK,
+                  peak_over_mean=peak_over_mean, directions=link_directions(cal.net), cpus=cpus)
+    info = {**cost.info, "mbps": CAL_MBPS, "workers": CAL_WORKERS, "iteration_ms": round(row["iter_time_median_s"]
+                                                                                        * 1e3, 1),
+            "fidelity_cpu_idle_min": round(float(row["fidelity_cpu_idle_min"]), 3),
             "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     return SchedulerCost(cost.scheduler, cost.base, cost.cost, cost.harness, cost.cpus, info)
 
@@ -270,7 +314,7 @@ def _link_bytes(links: pd.DataFrame, label: str, a: float, b: float) -> float:
     return float(np.nansum(rows["tx_bytes_per_s"].to_numpy()[keep] * dt_[keep]))
 
 
-def _cpu_ticks(pid: int) -> int | None:
+def _ticks(pid: int | str) -> int | None:
     """utime + stime of a process (all its threads), in clock ticks; None once it is gone."""
     try:
         rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -292,36 +336,36 @@ def find_roles(marker: str) -> dict[str, int]:
     return out
 
 
-class RoleSampler:
-    """Every 0.1 s the CPU ticks of each role process of one run (found by its roles/ directory)."""
+SAMPLE_S = 0.5                              # reading every process's stat costs about 1% of a core at 2 Hz
+SECOND_INTERVALS = round(1 / SAMPLE_S)      # the CPU check's window: 1 s
 
-    def __init__(self, marker: str, expect: int, every: float = 0.1):
+
+class Sampler:
+    """Every SAMPLE_S: the CPU ticks of each role process of one run (found by its roles/
+    directory), of the orchestrator, of every process, and the machine's busy ticks."""
+
+    def __init__(self, marker: str, expect: int, every: float = SAMPLE_S):
         self.marker, self.expect, self.every = marker, expect, every
         self.pids: dict[str, int] = {}
-        self.samples: dict[str, list[tuple[float, float]]] = {}
-        self._gone: set[str] = set()
+        self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="calibrate-sampler", daemon=True)
 
-    def start(self) -> RoleSampler:
+    def start(self) -> Sampler:
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(2)
+        self._thread.join(5)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        while not self._stop.wait(self.every - time.time() % self.every):
             if len(self.pids) < self.expect:
                 for role, pid in find_roles(self.marker).items():
                     self.pids.setdefault(role, pid)
             now = time.time()
-            for role, pid in self.pids.items():
-                if role in self._gone:
-                    continue
-                ticks = _cpu_ticks(pid)
-                if ticks is None:
-                    self._gone.add(role)
-                else:
-                    self.samples.setdefault(role, []).append((now, float(ticks)))
+            procs = {int(d): v for d in os.listdir("/proc") if d.isdigit() and (v := _ticks(d)) is not None}
+            busy, _, irq = _stat_jiffies()
+            roles = {r: procs[p] for r, p in self.pids.items() if p in procs}
+            self.samples.append(Sample(now, roles, procs.get(os.getpid(), 0), procs, busy, irq))
