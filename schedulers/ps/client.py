@@ -493,13 +493,8 @@ class PushScheduler(PSBase):
             off = c * st.step
             batches.setdefault(st.servers[c], []).append(
                 ((it, st.priority, c), Kind.PUSH, key, c, it, flat[off:off + n], st.priority, None))
-        self.loop.call_soon(self._queue_pushes, batches)
-
-    def _queue_pushes(self, batches: dict[int, list[tuple]]) -> None:
         for s, frames in batches.items():
-            peer = self.peers[s]
-            for frame in frames:
-                peer.put(*frame)
+            self.peers[s].put_many(frames)
 
     def _expected(self, s: int, conn: Connection, h: Header) -> KeyState:
         st = self._keys.get(h.key)

@@ -20,9 +20,12 @@ buffer the handler names, as `Connection.recv_into` does) and a priority outbox 
 - frames of equal order go in the order they were put; `on_sent()` once a frame is
   written; a closing peer sends what is queued, then BYE.
 
-Only the loop's thread calls a Peer's methods and the handler's (`Handler`): a handler runs
-on it, between two waits. Another thread hands work to the loop with `call_soon` (a queue
-and an eventfd that wakes the wait), e.g. a worker's training thread pushing a gradient.
+Only the loop's thread calls a Peer's methods and the handler's (`Handler`), but
+`Peer.put_many`: a handler runs on it, between two waits. Another thread hands work to the
+loop with `call_soon` (a queue and an eventfd that wakes the wait), or queues frames with
+`put_many`, which compete for the next pick at once (a worker's training thread pushing a
+gradient's packets: a packet of a layer that becomes ready waits behind at most the one
+being written, however busy the loop is).
 
 A `Delay` (a modelled per-message start-up cost, schedulers/ps/client.py) may hold a picked
 frame for a while before it is written; nothing else goes out on that connection meanwhile,
@@ -35,6 +38,7 @@ import itertools
 import os
 import select
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,7 +61,7 @@ from schedulers.transport.txstamps import TxStamps
 
 MAX_ABORT_TEXT = 1 << 20   # an ABORT's reason longer than this is a protocol error
 FRAMES_PER_READ = 64       # frames read from one peer before the loop looks at the others
-POLL_MAX_S = 0.05          # the longest wait, so that a held peer or a stop is seen soon
+POLL_MAX_S = 0.05          # the longest wait, so that a stop is seen soon
 _STOP = (float("inf"),)
 _IN, _OUT = select.EPOLLIN | select.EPOLLRDHUP, select.EPOLLOUT
 
@@ -111,6 +115,7 @@ class Peer:
         # send
         self._heap: list = []
         self._seq = itertools.count()
+        self._lock = threading.Lock()   # the heap and the stamps' bookkeeping: put_many comes from any thread
         self._cur: list[memoryview] | None = None     # what is left of the frame being written
         self._cur_sent: Callable[[], None] | None = None
         self._cur_frame: tuple | None = None          # (kind, key, chunk, it, stamp) until its first write
@@ -129,23 +134,42 @@ class Peer:
     def put(self, order: tuple, kind: Kind, key: int = 0, chunk: int = 0, it: int = 0,
             payload: np.ndarray | None = None, priority: int = 0,
             on_sent: Callable[[], None] | None = None) -> None:
+        """On the loop's thread: queue one frame."""
+        with self._lock:
+            self._push(order, [kind, key, chunk, it, payload, priority, on_sent])
+        self._update()
+
+    def put_many(self, frames: list[tuple]) -> None:
+        """From any thread: queue (order, kind, key, chunk, it, payload, priority, on_sent)
+        frames at once (a gradient cut into packets). They compete for the next pick as soon
+        as this returns; the loop is woken to ask epoll for EPOLLOUT if it was not."""
+        with self._lock:
+            for order, *frame in frames:
+                self._push(order, frame)
+        if self.loop.on_loop_thread():
+            self._update()
+        else:
+            self.loop.call_soon(self._update)
+
+    def _push(self, order: tuple, frame: list) -> None:
+        """Caller holds self._lock (the stamps' bookkeeping of `ready` and `popped` too)."""
         if self._closing:
             return   # the peer said BYE: nothing of this can matter to it
-        frame = [kind, key, chunk, it, payload, priority, on_sent]
         if self.stamps is not None:
             frame.append(self.stamps.ready(order))
         heapq.heappush(self._heap, (order, next(self._seq), frame))
-        self._update()
 
     def queued(self) -> int:
         return len(self._heap)
 
     def close(self) -> None:
         """Send what is queued, then BYE."""
-        if not self._closing:
+        with self._lock:
+            if self._closing:
+                return
             heapq.heappush(self._heap, (_STOP, next(self._seq), None))
             self._closing = True
-            self._update()
+        self._update()
 
     @property
     def sending(self) -> bool:
@@ -174,6 +198,7 @@ class Peer:
         """The Delay's hold of the picked frame is over: write it."""
         if self.held_until is not None and now >= self.held_until:
             self.held_until = None
+            self.loop.timed.discard(self)
             self.delay.waited(now - self._held_from)
             self._write()
             self._update()
@@ -197,11 +222,17 @@ class Peer:
                     self._host_deadline = now + HOST_WAIT_MAX_S
                 if now < self._host_deadline:
                     self._host_blocked = True
+                    self.loop.timed.add(self)
                     return False
         self._host_blocked, self._host_deadline = False, None
+        self.loop.timed.discard(self)
         if self.hold is not None:
             self.hold -= 1
-        order, _, frame = heapq.heappop(self._heap)
+        with self._lock:
+            order, _, frame = heapq.heappop(self._heap)
+            if order != _STOP and self.stamps is not None:
+                self.stamps.popped(frame[7], frame[0], frame[1], frame[2], frame[3], frame[5],
+                                   0 if frame[4] is None else frame[4].nbytes)
         if order == _STOP:
             self._cur, self._cur_sent = [memoryview(HEADER.pack(Kind.BYE, 0, self.sender, 0, 0, 0, 0, 0))], self._bye
             if self.stamps is not None:
@@ -210,10 +241,7 @@ class Peer:
         kind, key, chunk, it, payload, priority, on_sent = frame[:7]
         body = None if payload is None else memoryview(payload).cast("B")
         nbytes = 0 if body is None else len(body)
-        stamp = None
-        if self.stamps is not None:
-            stamp = frame[7]
-            self.stamps.popped(stamp, kind, key, chunk, it, priority, nbytes)
+        stamp = frame[7] if self.stamps is not None else None
         head = memoryview(HEADER.pack(kind, 0, self.sender, key, chunk, it, priority, nbytes))
         self._cur, self._cur_sent = ([head, body] if nbytes else [head]), on_sent
         self._cur_frame = (kind, key, chunk, it, stamp)
@@ -221,6 +249,7 @@ class Peer:
             hold = self.delay.due(kind, key, chunk, it)
             if hold > 0:
                 self._held_from, self.held_until = now, now + hold
+                self.loop.timed.add(self)
         return True
 
     def _host_limit(self) -> int:
@@ -272,6 +301,7 @@ class Peer:
         if self.stamps is not None and self.stamps.drain():
             if self._host_blocked and self.stamps.host_bytes() <= self._host_limit():
                 self._host_blocked, self._host_deadline = False, None
+                self.loop.timed.discard(self)
                 self._update()
             return
         err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -283,15 +313,18 @@ class Peer:
         """The wait for the host's queue is over: the next pick goes even above the bound."""
         if self._host_blocked and now >= self._host_deadline:
             self._host_blocked = False
+            self.loop.timed.discard(self)
             self._update()
 
     def abort(self, reason: str, deadline: float) -> None:
         """Drop what is queued, tell the peer `reason` (after the frame being written, if it
         can be finished by `deadline`), close."""
-        self._heap.clear()
-        self._closing = True
+        with self._lock:
+            self._heap.clear()
+            self._closing = True
         if self.held_until is not None:   # a held frame was never begun: drop it
             self.held_until, self._cur = None, None
+            self.loop.timed.discard(self)
         try:
             if self._cur:
                 self.sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -396,7 +429,9 @@ class Loop:
         self._ep = select.epoll()
         self.peers: dict[int, Peer] = {}     # fd -> Peer
         self.after_round: Callable[[], None] | None = None   # called after each round of events
+        self.timed: set[Peer] = set()        # peers waiting for a time: the host's queue, a Delay
         self._calls: deque = deque()
+        self._thread: int | None = None      # the ident of the thread in run()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ep.register(self._wake_fd, select.EPOLLIN)
 
@@ -404,6 +439,9 @@ class Loop:
         """From any thread: run fn(*args) on the loop's thread, in order, at its next round."""
         self._calls.append((fn, args))
         self.wake()
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._thread
 
     def wake(self) -> None:
         """From any thread: end the loop's current wait (its after_round hook runs)."""
@@ -439,14 +477,14 @@ class Loop:
                 pass
 
     def run(self, done: Callable[[], bool], stop: Callable[[], bool] = lambda: False) -> None:
+        self._thread = threading.get_ident()
         while not done():
             if stop():
                 raise CommError("stopped")
             timeout = POLL_MAX_S
-            waits = [p._host_deadline for p in self.peers.values() if p._host_blocked]
-            waits += [p.held_until for p in self.peers.values() if p.held_until is not None]
-            if waits:
-                timeout = min(timeout, max(0.0, min(waits) - time.monotonic()))
+            if self.timed:
+                first = min(p.held_until if p.held_until is not None else p._host_deadline for p in self.timed)
+                timeout = min(timeout, max(0.0, first - time.monotonic()))
             try:
                 events = self._ep.poll(timeout)
             except InterruptedError:
@@ -465,14 +503,13 @@ class Loop:
                     peer.writable()
             if self.after_round is not None:
                 self.after_round()
-            now = time.monotonic()
-            for peer in list(self.peers.values()):
-                if peer.held_until is not None:
-                    peer.hold_over(now)
-                elif peer._host_blocked:
-                    peer.host_wait_over(now)
-                elif peer._heap and peer._mask == _IN:
-                    peer._update()   # a held peer let go (tests)
+            if self.timed:
+                now = time.monotonic()
+                for peer in list(self.timed):
+                    if peer.held_until is not None:
+                        peer.hold_over(now)
+                    else:
+                        peer.host_wait_over(now)
 
     def close(self) -> None:
         self._ep.close()

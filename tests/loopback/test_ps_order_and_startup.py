@@ -48,12 +48,14 @@ class PeerGate:
         return self.peer.queued()
 
     def let(self, n: int = 1) -> None:
-        self.peer.hold = (self.peer.hold or 0) + n
-        self.peer.loop.wake()
+        self.peer.loop.call_soon(self._set, (self.peer.hold or 0) + n)
 
     def open(self) -> None:
-        self.peer.hold = None
-        self.peer.loop.wake()
+        self.peer.loop.call_soon(self._set, None)
+
+    def _set(self, hold: int | None) -> None:   # on the loop's thread
+        self.peer.hold = hold
+        self.peer._update()
 
 
 def record_peer_frames(peer: Peer) -> list[tuple[Kind, int]]:
