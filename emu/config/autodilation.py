@@ -6,7 +6,9 @@ second, at time dilation k:
 
     load(k) = base + (harness x link directions + sum over roles of cost[role] x Gbit/s[role]) / k
 
-- `base`: the machine's load without a network (other processes, the kernel's own).
+- `base`: the machine's own load without this run's network (other processes, the kernel's),
+  measured when the k is chosen (emu/sweeps/autodilate.py), once no other run holds the network:
+  what the CPU check will see besides the run. Not cached: it is the machine's state, not a cost.
 - `Gbit/s[role]`: what the role's host moves in and out at the configured (emulated) rates when
   the job is communication-bound, the bound of `role_rates`: each role's bytes per iteration (a
   parameter-server worker G each way, a server n x G / servers each way; a collective worker
@@ -82,63 +84,67 @@ def link_directions(net: NetSpec) -> int:
 class SchedulerCost:
     """What the calibration found for one scheduler (the cache's entry)."""
     scheduler: str
-    base: float                    # the machine's CPU-s/s without a network, measured before the run
     cost: dict[str, float]         # role kind -> CPU-s per Gbit of its bound, worst window
     harness: float                 # CPU-s/s of the orchestrator per link direction, worst window
     cpus: int
     info: dict[str, Any] = field(default_factory=dict)   # the measurements behind them (shown, not used)
 
     def to_json(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler, "base": self.base, "cost": dict(self.cost), "harness": self.harness,
-                "cpus": self.cpus, "info": dict(self.info)}
+        return {"scheduler": self.scheduler, "cost": dict(self.cost), "harness": self.harness, "cpus": self.cpus,
+                "info": dict(self.info)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SchedulerCost:
-        return cls(scheduler=str(d["scheduler"]), base=float(d["base"]),
-                   cost={str(k): float(v) for k, v in d["cost"].items()}, harness=float(d["harness"]),
+        return cls(scheduler=str(d["scheduler"]), cost={str(k): float(v) for k, v in d["cost"].items()},
+                   harness=float(d["harness"]),
                    cpus=int(d["cpus"]), info=dict(d.get("info") or {}))
 
 
-def predicted_load(c: SchedulerCost, rates: list[RoleRate], directions: int, k: float) -> float:
+def traffic_load(c: SchedulerCost, rates: list[RoleRate], directions: int) -> float:
+    """CPU-seconds per second of the run itself at k = 1: its roles' traffic and the orchestrator."""
+    fallback = max(c.cost.values(), default=0.0)   # a role kind the calibration did not have
+    return c.harness * directions + sum(c.cost.get(r.kind, fallback) * r.gbps for r in rates)
+
+
+def predicted_load(c: SchedulerCost, rates: list[RoleRate], directions: int, k: float, base: float) -> float:
     """CPU-seconds per second the machine is predicted to be busy at time dilation k."""
-    traffic = sum(c.cost.get(r.kind, max(c.cost.values(), default=0.0)) * r.gbps for r in rates)
-    return c.base + (c.harness * directions + traffic) / k
+    return base + traffic_load(c, rates, directions) / k
 
 
-def predicted_idle(c: SchedulerCost, rates: list[RoleRate], directions: int, k: float, cpus: int) -> float:
-    return 1.0 - predicted_load(c, rates, directions, k) / cpus
+def predicted_idle(c: SchedulerCost, rates: list[RoleRate], directions: int, k: float, cpus: int,
+                   base: float) -> float:
+    return 1.0 - predicted_load(c, rates, directions, k, base) / cpus
 
 
 @dataclass(frozen=True)
 class Choice:
     k: int
-    idle: float            # predicted at k
+    idle: float                # predicted at k
     idle_below: float | None   # predicted at k - 1 (None at k = 1)
-    target: float          # cpu_idle_min + MARGIN
+    target: float              # cpu_idle_min + MARGIN
+    base: float                # the machine's own load it assumed, CPUs
 
     def reason(self, scheduler: str) -> str:
         below = f", {self.idle_below:.2f} at k={self.k - 1}" if self.idle_below is not None else ""
         return (f"{scheduler}: predicted CPU idle {self.idle:.2f} at k={self.k}{below}; target "
-                f"{self.target:.2f} (cpu_idle_min + {MARGIN:g})")
+                f"{self.target:.2f} (cpu_idle_min + {MARGIN:g}); the machine's own load {self.base:.2f} CPUs")
 
 
 def choose(c: SchedulerCost, rates: list[RoleRate], directions: int, cpu_idle_min: float, k_max: int,
-           cpus: int) -> Choice:
+           cpus: int, base: float) -> Choice:
     """The smallest whole k in [1, k_max] whose predicted idle is at least cpu_idle_min + MARGIN;
     NoDilation where none is."""
     target = cpu_idle_min + MARGIN
-    need = 1.0 - target   # the largest load per CPU allowed
-    spare = need * cpus - c.base
-    busy = c.harness * directions + sum(c.cost.get(r.kind, max(c.cost.values(), default=0.0)) * r.gbps
-                                        for r in rates)
+    spare = (1.0 - target) * cpus - base   # CPU-s/s the run may take
+    busy = traffic_load(c, rates, directions)
     if spare <= 0 or math.ceil(busy / spare - 1e-9) > k_max:
-        best = predicted_idle(c, rates, directions, k_max, cpus)
+        best = predicted_idle(c, rates, directions, k_max, cpus, base)
         raise NoDilation(f"{c.scheduler}: no time dilation up to {k_max} is predicted to keep the CPU idle at "
                          f"{target:.2f} (cpu_idle_min + {MARGIN:g}): {best:.2f} at k={k_max} (the machine's own "
-                         f"load without a network, {c.base:.2f} of {cpus} CPUs, stays at any k)")
+                         f"load without this run, {base:.2f} of {cpus} CPUs, stays at any k)")
     k = max(1, math.ceil(busy / spare - 1e-9))
-    below = predicted_idle(c, rates, directions, k - 1, cpus) if k > 1 else None
-    return Choice(k, predicted_idle(c, rates, directions, k, cpus), below, target)
+    below = predicted_idle(c, rates, directions, k - 1, cpus, base) if k > 1 else None
+    return Choice(k, predicted_idle(c, rates, directions, k, cpus, base), below, target, base)
 
 
 def retry_k(k: float, idle_min: float, base: float, cpus: int, cpu_idle_min: float, k_max: int) -> int | None:
@@ -163,7 +169,7 @@ class RoleSample:
     bound_gbps: float
 
 
-def derive(scheduler: str, *, base: float, window_s: float, roles: list[RoleSample], harness_s: float,
+def derive(scheduler: str, *, window_s: float, roles: list[RoleSample], harness_s: float,
            uncharged_s: float, peak_over_mean: float, directions: int, cpus: int) -> SchedulerCost:
     """The costs of one calibration run from what it measured over its window: each role's CPU,
     the orchestrator's (`harness_s`) and the kernel's work charged to no process (`uncharged_s`:
@@ -189,4 +195,4 @@ def derive(scheduler: str, *, base: float, window_s: float, roles: list[RoleSamp
             "process_cpu_s_per_gbit_moved": per_moved,
             "moved_over_bound": round(moved * 8 / 1e9 / bound, 3) if bound > 0 else None}
     harness = peak * harness_s / window_s / directions if directions else 0.0
-    return SchedulerCost(scheduler, base, cost, harness, cpus, info)
+    return SchedulerCost(scheduler, cost, harness, cpus, info)

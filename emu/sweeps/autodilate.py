@@ -38,26 +38,29 @@ def _stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def choice_for(exp: Experiment, cost: SchedulerCost) -> Choice:
-    """The k for `exp` from its scheduler's calibration (NoDilation where none fits)."""
+def choice_for(exp: Experiment, cost: SchedulerCost, base: float) -> Choice:
+    """The k for `exp` from its scheduler's calibration and the machine's own load `base` (CPUs;
+    NoDilation where none fits)."""
     rates = role_rates(exp.net, list(exp.roles.servers), list(exp.roles.workers))
-    return choose(cost, rates, link_directions(exp.net), exp.fidelity.cpu_idle_min, exp.dilation_k_max, cost.cpus)
+    return choose(cost, rates, link_directions(exp.net), exp.fidelity.cpu_idle_min, exp.dilation_k_max, cost.cpus,
+                  base)
 
 
 NOT_CALIBRATED = "auto: not calibrated"
 
 
-def planned(exp: Experiment) -> tuple[float | None, str]:
+def planned(exp: Experiment, base: Callable[[], float] = lambda: calibrate.own_load(None)
+            ) -> tuple[float | None, str]:
     """The k a run of `exp` would have here (None where `auto` cannot say yet) and how a dry run
-    shows it: its number, the choice `auto` makes from this machine's calibration ("auto: 3"),
-    or that the first run calibrates."""
+    shows it: its number, the choice `auto` makes from this machine's calibration and its own
+    load now (`base()`, CPUs) ("auto: 3 (idle ...)"), or that the first run calibrates."""
     if not exp.auto_dilation:
         return float(exp.time_dilation), f"{exp.time_dilation:g}"
     cost, _ = calibrate.cached(exp)
     if cost is None:
         return None, NOT_CALIBRATED
     try:
-        choice = choice_for(exp, cost)
+        choice = choice_for(exp, cost, base())
     except NoDilation:
         return None, "auto: none fits"
     below = f", {choice.idle_below:.2f} at {choice.k - 1}" if choice.idle_below is not None else ""
@@ -97,7 +100,8 @@ def run_auto(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     only); return (and record) the row of the last try."""
     try:
         cost = calibrate.cost_for(exp, state, say)
-        choice = choice_for(exp, cost)
+        base = calibrate.own_load(state)
+        choice = choice_for(exp, cost, base)
     except (calibrate.CalibrationError, NoDilation) as e:
         return _unrun(exp, repeat, results_root, f"time_dilation auto: {e}", extra)
     reason = choice.reason(exp.scheduler)
@@ -107,7 +111,7 @@ def run_auto(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     row = run_one(exp, repeat, results_root, state, progress, extra=cols, time_dilation=choice.k)
     tries = [_try(row, choice.k, choice.idle)]
     _record_tries(sweep_dir, row, tries)
-    k2 = retry_k(choice.k, row.get("fidelity_cpu_idle_min", math.nan), cost.base, cost.cpus,
+    k2 = retry_k(choice.k, row.get("fidelity_cpu_idle_min", math.nan), base, cost.cpus,
                  exp.fidelity.cpu_idle_min, exp.dilation_k_max) if _cpu_failed(row) else None
     if k2 is None:
         return row

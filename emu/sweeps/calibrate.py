@@ -168,7 +168,7 @@ def cost_for(exp: Experiment, state: StateDir, say: Say = _stderr) -> SchedulerC
 def summary(c: SchedulerCost) -> str:
     roles = ", ".join(f"{kind} {v:.3f}" for kind, v in c.cost.items())
     return (f"{c.scheduler}: CPU s per Gbit of the bound, worst second: {roles}; orchestrator "
-            f"{c.harness * 1e3:.2f} ms/s per link direction; machine's own load {c.base:.2f} of {c.cpus} CPUs")
+            f"{c.harness * 1e3:.2f} ms/s per link direction ({c.cpus} CPUs)")
 
 
 # ---------------------------------------------------------------------------- the calibration run
@@ -219,6 +219,22 @@ def machine_load(seconds: float, every: float = 0.5) -> float:
     return max(min(loads), 0.0)
 
 
+def network_free(state: StateDir) -> None:
+    """Return once no run holds the machine's network (emu/testbed/network.py's lock): the
+    machine's own load is measured without another run's network, which is gone by the time
+    this run's is up. Waits as the Testbed would; holds nothing."""
+    with open(state.path.parent / "network.lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def own_load(state: StateDir | None) -> float:
+    """The machine's own load in busy CPUs now, with no run's network up (where `state` is given)."""
+    if state is not None:
+        network_free(state)
+    return machine_load(BASE_S)
+
+
 def calibrate(exp: Experiment, state: StateDir, say: Say = _stderr) -> SchedulerCost:
     """One calibration run of `exp`'s scheduler; its costs. The run's directory is removed unless
     it failed (then the error names it)."""
@@ -231,7 +247,7 @@ def calibrate(exp: Experiment, state: StateDir, say: Say = _stderr) -> Scheduler
         row = run_one(cal, 0, root, state)
     finally:
         sampler.stop()
-    base = min(before, machine_load(BASE_S))   # the run may have waited for another's network
+    base = min(before, machine_load(BASE_S))   # the run may have waited for another's network: for the record
     if row["status"] != "ok":
         raise CalibrationError(f"calibrating {exp.scheduler} failed: {row['reason']} (logs: {run_dir / 'logs'})")
     try:
@@ -270,7 +286,8 @@ def intervals(samples: list[Sample], roles: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["t0", "t", "roles", "harness", "uncharged"])
 
 
-def measure(cal: Experiment, row: dict, run_dir: Path, samples: list[Sample], base: float) -> SchedulerCost:
+def measure(cal: Experiment, row: dict, run_dir: Path, samples: list[Sample], base: float | None = None
+            ) -> SchedulerCost:
     """The costs of a finished calibration run from its tables and the sampler's samples, over
     the samples inside its measured iterations."""
     iters = pd.read_parquet(run_dir / "iterations.parquet")
@@ -295,14 +312,14 @@ def measure(cal: Experiment, row: dict, run_dir: Path, samples: list[Sample], ba
                                _link_bytes(links, f"s1->{host}", a - t0, b - t0), rates[role])
                     for role, host in roles.items()]
     cpus = os.cpu_count() or 1
-    cost = derive(cal.scheduler, base=base, window_s=b - a, roles=role_samples,
+    cost = derive(cal.scheduler, window_s=b - a, roles=role_samples,
                   harness_s=float(iv["harness"].sum()) / TICK, uncharged_s=float(iv["uncharged"].sum()) / TICK,
                   peak_over_mean=peak_over_mean, directions=link_directions(cal.net), cpus=cpus)
-    info = {**cost.info, "mbps": CAL_MBPS, "workers": CAL_WORKERS, "iteration_ms": round(row["iter_time_median_s"]
-                                                                                        * 1e3, 1),
+    info = {**cost.info, "machine_load_cpus": None if base is None else round(base, 3), "mbps": CAL_MBPS,
+            "workers": CAL_WORKERS, "iteration_ms": round(row["iter_time_median_s"] * 1e3, 1),
             "fidelity_cpu_idle_min": round(float(row["fidelity_cpu_idle_min"]), 3),
             "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
-    return SchedulerCost(cost.scheduler, cost.base, cost.cost, cost.harness, cost.cpus, info)
+    return SchedulerCost(cost.scheduler, cost.cost, cost.harness, cost.cpus, info)
 
 
 def _link_bytes(links: pd.DataFrame, label: str, a: float, b: float) -> float:

@@ -84,8 +84,9 @@ def _run_estimate(exp: Experiment, ids: list[str], walls: dict[str, float], setu
 
 
 def points(plan: Plan, results_root: Path, iteration_bound: IterationBound, force: bool = False,
-           shard: tuple[int, int] | None = None) -> list[Point]:
-    """The plan's experiments (this shard's), each with its runs, those done and an estimate."""
+           shard: tuple[int, int] | None = None, own_load: Callable[[], float] | None = None) -> list[Point]:
+    """The plan's experiments (this shard's), each with its runs, those done and an estimate.
+    `own_load`: the machine's own load in CPUs for `time_dilation: auto` (default: measured now, once)."""
     earlier = _earlier(results_root / plan.name)
     ok = earlier[earlier["status"] == "ok"] if len(earlier) else earlier
     walls = dict(zip(ok["run_id"], ok["wall_s"])) if len(ok) else {}
@@ -96,12 +97,18 @@ def points(plan: Plan, results_root: Path, iteration_bound: IterationBound, forc
     for exp, repeat, point in plan_runs(plan, shard):
         by_exp.setdefault(id(exp), [exp, point, []])[2].append(exp.run_id(repeat))
     out = []
+    base = _once(own_load or (lambda: calibrate.own_load(None)))   # measured once, where needed
     for exp, point, ids in by_exp.values():
-        k, k_text = autodilate.planned(exp)
+        k, k_text = autodilate.planned(exp, base)
         run_s, basis = _run_estimate(exp, ids, walls, setup_s, iteration_bound, k)
         out.append(Point(labels[id(exp)], treatment(exp, point), len(ids), sum(r in done for r in ids), run_s, basis,
                          k_text))
     return out
+
+
+def _once(fn: Callable[[], float]) -> Callable[[], float]:
+    got: list[float] = []
+    return lambda: got[0] if got else got.append(fn()) or got[0]
 
 
 def treatment(exp: Experiment, point: dict) -> str:
@@ -152,8 +159,9 @@ def auto_notes(plan: Plan) -> list[str]:
     missing = sorted({e.scheduler for e in auto if calibrate.cached(e)[0] is None})
     path = calibrate.cache_path(calibrate.describe_machine())
     if not missing:
-        return [f"time_dilation auto: k is the smallest whole k this machine's calibration ({path}) predicts "
-                f"keeps the CPU idle at cpu_idle_min + {MARGIN:g} (idle shown at k and k - 1)"]
+        return [f"time_dilation auto: k is the smallest whole k this machine's calibration ({path}) and its own "
+                f"load now predict keep the CPU idle at cpu_idle_min + {MARGIN:g} (idle shown at k and k - 1); a run "
+                f"measures that load again when it starts"]
     return [f"time_dilation auto: this machine is not calibrated yet for {', '.join(missing)}: the first run of "
             f"each calibrates it (one run of about {calibrate.CAL_EST_S} s each, as root; "
             f"{_duration(calibrate.CAL_EST_S * len(missing))} in all, not in the estimate), then picks k; "
@@ -173,7 +181,7 @@ def render_tune(spec, results_root: Path, iteration_bound: IterationBound) -> st
         trial_s, basis = float(ok["wall_s"].median()), "earlier trials"
     else:
         trial_s, basis = _run_estimate(spec.base, [], {}, _setup_s(earlier), iteration_bound,
-                                       autodilate.planned(spec.base)[0])
+                                       autodilate.planned(spec.base, lambda: calibrate.own_load(None))[0])
     left = max(spec.budget - done, 0)
     labels = spec.plan.labels()
     where = next((labels[i] for i, p in enumerate(spec.plan.points)

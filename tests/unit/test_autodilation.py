@@ -150,49 +150,52 @@ def test_collective_workers_move_at_the_slowest_workers_rate():
 
 # ---------------------------------------------------------------------------- the model and the choice
 
-COST = SchedulerCost("fifo", base=0.1, cost={"server": 0.5, "worker": 0.6}, harness=0.004, cpus=2)
+COST = SchedulerCost("fifo", cost={"server": 0.5, "worker": 0.6}, harness=0.004, cpus=2)
+BASE = 0.1   # the machine's own load, CPUs
 RATES = [RoleRate("server0", "server", "ps", 4.096), *(RoleRate(f"worker{i}", "worker", f"w{i}", 0.128)
                                                         for i in range(32))]
 
 
 def test_the_load_is_base_plus_the_traffic_spread_over_k():
-    traffic = 0.5 * 4.096 + 32 * 0.6 * 0.128 + 0.004 * 66   # 4.8128 CPU-s/s at k = 1
-    assert predicted_load(COST, RATES, 66, 1) == pytest.approx(0.1 + traffic)
-    assert predicted_load(COST, RATES, 66, 4) == pytest.approx(0.1 + traffic / 4)
-    assert predicted_idle(COST, RATES, 66, 4, 2) == pytest.approx(1 - (0.1 + traffic / 4) / 2)
+    traffic = 0.5 * 4.096 + 32 * 0.6 * 0.128 + 0.004 * 66   # 4.7696 CPU-s/s at k = 1
+    assert predicted_load(COST, RATES, 66, 1, BASE) == pytest.approx(0.1 + traffic)
+    assert predicted_load(COST, RATES, 66, 4, BASE) == pytest.approx(0.1 + traffic / 4)
+    assert predicted_idle(COST, RATES, 66, 4, 2, BASE) == pytest.approx(1 - (0.1 + traffic / 4) / 2)
 
 
 def test_the_choice_is_the_smallest_k_that_clears_the_target():
-    c = choose(COST, RATES, 66, 0.35, 100, 2)
-    # load <= (1 - 0.45) x 2 = 1.1: 4.8128 / k <= 1.0, so k = 5
+    c = choose(COST, RATES, 66, 0.35, 100, 2, BASE)
+    # load <= (1 - 0.45) x 2 = 1.1: 4.7696 / k <= 1.0, so k = 5
     assert c.k == 5 and c.target == pytest.approx(0.35 + MARGIN)
-    assert c.idle == pytest.approx(predicted_idle(COST, RATES, 66, 5, 2)) and c.idle >= c.target
-    assert c.idle_below == pytest.approx(predicted_idle(COST, RATES, 66, 4, 2)) and c.idle_below < c.target
-    assert c.reason("fifo") == "fifo: predicted CPU idle 0.47 at k=5, 0.35 at k=4; target 0.45 (cpu_idle_min + 0.1)"
-    quiet = choose(COST, [], 0, 0.35, 100, 2)
+    assert c.idle == pytest.approx(predicted_idle(COST, RATES, 66, 5, 2, BASE)) and c.idle >= c.target
+    assert c.idle_below == pytest.approx(predicted_idle(COST, RATES, 66, 4, 2, BASE)) and c.idle_below < c.target
+    assert c.reason("fifo") == ("fifo: predicted CPU idle 0.47 at k=5, 0.35 at k=4; target 0.45 (cpu_idle_min + 0.1); "
+                                "the machine's own load 0.10 CPUs")
+    # the machine's own load takes what the run could have had
+    assert choose(COST, RATES, 66, 0.35, 100, 2, 0.5).k == 8   # 4.7696 / k <= 0.6
+    quiet = choose(COST, [], 0, 0.35, 100, 2, BASE)
     assert quiet.k == 1 and quiet.idle_below is None
 
 
 def test_no_k_when_the_limit_or_the_machines_own_load_is_in_the_way():
     with pytest.raises(NoDilation, match="no time dilation up to 4 is predicted"):
-        choose(COST, RATES, 66, 0.35, 4, 2)
-    busy = SchedulerCost("fifo", base=1.2, cost={"worker": 0.1}, harness=0.0, cpus=2)
-    with pytest.raises(NoDilation, match=r"own load without a network, 1\.20 of 2 CPUs"):
-        choose(busy, RATES, 66, 0.35, 100, 2)
+        choose(COST, RATES, 66, 0.35, 4, 2, BASE)
+    with pytest.raises(NoDilation, match=r"own load without this run, 1\.20 of 2 CPUs"):
+        choose(COST, RATES, 66, 0.35, 100, 2, 1.2)
 
 
 @settings(max_examples=200, deadline=None)
 @given(base=st.floats(0, 0.8), server=st.floats(0, 3), worker=st.floats(0, 3), harness=st.floats(0, 0.01),
        idle_min=st.floats(0, 0.5), cpus=st.integers(1, 16))
 def test_the_choice_is_minimal_and_sufficient(base, server, worker, harness, idle_min, cpus):
-    cost = SchedulerCost("x", base=base, cost={"server": server, "worker": worker}, harness=harness, cpus=cpus)
+    cost = SchedulerCost("x", cost={"server": server, "worker": worker}, harness=harness, cpus=cpus)
     try:
-        c = choose(cost, RATES, 66, idle_min, 100, cpus)
+        c = choose(cost, RATES, 66, idle_min, 100, cpus, base)
     except NoDilation:
-        assert predicted_idle(cost, RATES, 66, 100, cpus) < idle_min + MARGIN + 1e-9
+        assert predicted_idle(cost, RATES, 66, 100, cpus, base) < idle_min + MARGIN + 1e-9
         return
-    assert predicted_idle(cost, RATES, 66, c.k, cpus) >= idle_min + MARGIN - 1e-9
-    assert c.k == 1 or predicted_idle(cost, RATES, 66, c.k - 1, cpus) < idle_min + MARGIN + 1e-9
+    assert predicted_idle(cost, RATES, 66, c.k, cpus, base) >= idle_min + MARGIN - 1e-9
+    assert c.k == 1 or predicted_idle(cost, RATES, 66, c.k - 1, cpus, base) < idle_min + MARGIN + 1e-9
 
 
 def test_a_retry_asks_for_what_the_measured_idle_says():
@@ -208,7 +211,7 @@ def test_a_retry_asks_for_what_the_measured_idle_says():
 def _calibration(peak=1.5):
     roles = [RoleSample("server", cpu_s=1.2, moved_bytes=450e6, bound_gbps=0.6),
              *(RoleSample("worker", cpu_s=0.5, moved_bytes=112.5e6, bound_gbps=0.15) for _ in range(4))]
-    return roles, derive("fifo", base=0.05, window_s=10.0, roles=roles, harness_s=0.2, uncharged_s=0.9,
+    return roles, derive("fifo", window_s=10.0, roles=roles, harness_s=0.2, uncharged_s=0.9,
                          peak_over_mean=peak, directions=10, cpus=2)
 
 
@@ -227,7 +230,7 @@ def test_the_model_predicts_the_calibrations_own_busiest_second():
     rates = [RoleRate("server0", "server", "ps", 0.6), *(RoleRate(f"worker{i}", "worker", f"w{i}", 0.15)
                                                           for i in range(4))]
     mean = (1.2 + 4 * 0.5 + 0.2 + 0.9) / 10.0   # CPU-s/s of the run over its window, above base
-    assert predicted_load(c, rates, 10, 1) == pytest.approx(0.05 + 1.5 * mean)
+    assert predicted_load(c, rates, 10, 1, 0.05) == pytest.approx(0.05 + 1.5 * mean)
 
 
 def _sample(t, roles, harness, procs, busy, irq):
@@ -277,8 +280,8 @@ def test_the_data_paths_digest_follows_its_sources(tmp_path):
 def test_entries_are_kept_per_scheduler_and_read_back(tmp_path):
     path = calibrate.cache_path(calibrate.describe_machine(), tmp_path)
     assert calibrate.load(path) == {}
-    fifo = SchedulerCost("fifo", 0.05, {"server": 0.3, "worker": 0.4}, 0.004, 2, {"window_s": 6.0})
-    ring = SchedulerCost("ring", 0.06, {"worker": 0.2}, 0.003, 2)
+    fifo = SchedulerCost("fifo", {"server": 0.3, "worker": 0.4}, 0.004, 2, {"window_s": 6.0})
+    ring = SchedulerCost("ring", {"worker": 0.2}, 0.003, 2)
     calibrate.store(path, {"m": 1}, "fifo", fifo)
     calibrate.store(path, {"m": 1}, "ring", ring)
     assert calibrate.load(path) == {"fifo": fifo, "ring": ring}
@@ -352,14 +355,15 @@ def test_dry_run_shows_the_k_it_would_pick(tmp_path, monkeypatch):
     # fifo: 0.8 CPU-s per bound Gbit; this star's bound is 0.8 Gbit/s at the server, 0.2 per worker:
     # 0.04 + 1.28 / k CPUs, at most 1.1 for 0.45 idle: k = 2 (idle 0.66), not 1 (0.34)
     calibrate.store(path, calibrate.describe_machine(), "fifo",
-                    SchedulerCost("fifo", 0.04, {"server": 0.8, "worker": 0.8}, 0.0, 2))
-    pts = dryrun.points(plan, tmp_path / "results", lambda exp: 0.5)
+                    SchedulerCost("fifo", {"server": 0.8, "worker": 0.8}, 0.0, 2))
+    pts = dryrun.points(plan, tmp_path / "results", lambda exp: 0.5, own_load=lambda: 0.04)
     assert [p.k for p in pts] == ["auto: 2 (idle 0.66, 0.34 at 1)", "auto: not calibrated"]
     assert pts[0].run_s == pytest.approx(dryrun.SETUP_S + 0.5 * 10 * 2) and pts[0].basis == "bound"
     text = dryrun.render(plan, pts, tmp_path / "results")
     assert "auto: 2 (idle 0.66, 0.34 at 1)" in text.splitlines()[2]
     assert "not calibrated yet for mercury:" in text
-    assert autodilate.planned(plan.experiments[0])[0] == 2.0
+    assert autodilate.planned(plan.experiments[0], lambda: 0.04)[0] == 2.0
+    assert autodilate.planned(plan.experiments[0], lambda: 0.5)[0] == 3.0   # a busier machine: a larger k
 
 
 def test_a_fixed_k_is_shown_and_none_is_left_out(tmp_path):
