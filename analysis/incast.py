@@ -10,8 +10,9 @@ were given (on a star, the server's link over the sum of the workers' links; 1/8
 workers at 100 Mb/s and a 100 Mb/s server). Beside the iteration and its bound: TCP's
 retransmissions per iteration (the hosts' own counters, `tcp_retrans_segs`, over the whole
 run, warm-up and connection included, divided by the iterations run), its timeouts, and the
-packets the queues into the servers dropped (`server_port_drops`, over the same time), from
-the run's row (emu/testbed/tcpcounters.py).
+packets the queues into the servers dropped (`server_port_drops`, over the same time) and
+those every other queue dropped (`queue_drops` less those: a server's burst of results into
+one worker's port, a host's own egress queue), from the run's row (emu/testbed/tcpcounters.py).
 """
 from __future__ import annotations
 
@@ -82,8 +83,9 @@ def table(runs: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
     server-link fraction, by fraction then scheduler (`order`, else as they come): runs, the
     fraction and the servers' Mb/s, the median iteration (median over runs of their medians,
     s), the bound (s) and efficiency (means over runs), TCP retransmitted segments per
-    iteration, timeouts and the drops at the servers' ports (medians over runs; NaN for rows
-    recorded before the counters), fidelity passed and judged, and the lowest CPU idle."""
+    iteration, timeouts, the drops at the servers' ports and at every other queue (medians over
+    runs; NaN for rows recorded before the counters), fidelity passed and judged, and the
+    lowest CPU idle."""
     ok = runs[(runs["status"] == "ok") & runs["server_fraction"].notna()]
     rows = []
     for (config, sched), g in ok.groupby(["config", "scheduler"], sort=False):
@@ -97,10 +99,12 @@ def table(runs: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
                      "retrans_per_iter": float((_col(g, "tcp_retrans_segs") / iterations).median()),
                      "timeouts": float(_col(g, "tcp_timeouts").median()),
                      "server_port_drops": float(_col(g, "server_port_drops").median()),
+                     "other_drops": float((_col(g, "queue_drops") - _col(g, "server_port_drops")).median()),
                      "fidelity_passed": int((fid == True).sum()), "fidelity_judged": len(fid),  # noqa: E712
                      "cpu_idle_min": float(_col(g, "fidelity_cpu_idle_min").min())})
     cols = ["config", "scheduler", "runs", "server_fraction", "server_mbps", "iter_time_s", "bound_s", "efficiency",
-            "retrans_per_iter", "timeouts", "server_port_drops", "fidelity_passed", "fidelity_judged", "cpu_idle_min"]
+            "retrans_per_iter", "timeouts", "server_port_drops", "other_drops", "fidelity_passed", "fidelity_judged",
+            "cpu_idle_min"]
     out = pd.DataFrame(rows, columns=cols)
     rank = {s: i for i, s in enumerate(order or dict.fromkeys(out["scheduler"]))}
     out["_s"] = out["scheduler"].map(lambda s: rank.get(s, len(rank)))

@@ -495,6 +495,7 @@ def incast_table(table: pd.DataFrame) -> pd.DataFrame:
         "iteration ms": num("iter_time_s", ".0f", 1e3), "bound ms": num("bound_s", ".0f", 1e3),
         "eff.": num("efficiency", ".2f"), "retrans./iter.": num("retrans_per_iter", ".1f"),
         "RTOs": num("timeouts", ".0f"), "drops": num("server_port_drops", ".0f"),
+        "other drops": num("other_drops", ".0f"),
         "fidelity": [f"{p}/{j}" if j else "not judged" for p, j in
                      zip(table["fidelity_passed"], table["fidelity_judged"], strict=True)],
         "CPU idle min": num("cpu_idle_min", ".0%")})
@@ -522,9 +523,10 @@ def _incast(runs: pd.DataFrame, sweep_dir: Path, name: str) -> list[str]:
             "bound and bound / measured (means over runs); retrans./iter., TCP segments every host retransmitted "
             "over the whole run (warm-up and connection set-up included) divided by the iterations run; RTOs, "
             "retransmission timeouts in the run; drops, packets the queues of the switch's ports toward the "
-            "servers dropped in the run (these three: medians over runs); fidelity, runs that passed the verdict "
-            "of those judged; CPU idle min, the machine's lowest idle fraction in a window of the measured "
-            "iterations, over the runs (the fidelity verdict's CPU check).", ""]
+            "servers dropped in the run; other drops, those every other queue dropped (a server's results "
+            "bursting into one worker's port, a host's own egress queue) (these four: medians over runs); "
+            "fidelity, runs that passed the verdict of those judged; CPU idle min, the machine's lowest idle "
+            "fraction in a window of the measured iterations, over the runs (the fidelity verdict's CPU check).", ""]
 
 
 def write_report(sweep_dir: Path, out_dir: Path | None = None, baseline: str | None = None, style: str = "screen",

@@ -555,8 +555,9 @@ def _net_summary(exp: Experiment, tables: dict[str, pd.DataFrame], window: tuple
     out = verdict(cut(tables["links"]), cut(tables["qdiscs"]), cut(tables["cpu"]), exp.fidelity).row()
     sh = tables["shaping"]
     out["shaping_changes"] = len(sh)
-    # what the switch's ports toward the servers dropped over the whole run (incast), like tcp_*
+    # what the switch's ports toward the servers (incast) and every queue dropped over the whole run, like tcp_*
     out["server_port_drops"] = drops_toward(tables["qdiscs"], exp.roles.servers)
+    out["queue_drops"] = drops_toward(tables["qdiscs"])
     out["shaping_lag_max_s"] = float((sh["actual_t"] - sh["planned_t"]).max()) if len(sh) else None
     return out
 

@@ -13,7 +13,7 @@ they end, before teardown (emu/run/runner.py), and keeps the differences: one ro
 
 The loss itself is in the monitor's queue table (emu/testbed/monitor.py): `drops_toward` sums
 what the queues of the link directions into some hosts dropped over the run (the switch's
-port toward each server: `server_port_drops`).
+port toward each server: `server_port_drops`), or those of every direction (`queue_drops`).
 """
 from __future__ import annotations
 
@@ -105,15 +105,16 @@ def totals(table: pd.DataFrame | None) -> dict[str, float]:
     return {f"tcp_{col}": float(table[col].sum(min_count=1)) for col in COUNTERS}
 
 
-def drops_toward(qdiscs: pd.DataFrame | None, hosts: Iterable[str]) -> float:
+def drops_toward(qdiscs: pd.DataFrame | None, hosts: Iterable[str] | None = None) -> float:
     """Packets dropped over the monitored time by the queues of every link direction into
-    `hosts` (labels `<peer>-><host>`: on a star, the switch's port toward the host). The
-    qdisc's `drops` is the kernel's running count, so each direction adds its last sample less
-    its first. NaN when no such direction was sampled (no host given, or no queue table)."""
-    hosts = set(hosts)
-    if qdiscs is None or not len(qdiscs) or not hosts:
+    `hosts` (labels `<peer>-><host>`: on a star, the switch's port toward the host; None: every
+    direction, the hosts' own egress queues included). The qdisc's `drops` is the kernel's
+    running count, so each direction adds its last sample less its first. NaN when no such
+    direction was sampled (no host given, or no queue table)."""
+    if qdiscs is None or not len(qdiscs) or (hosts is not None and not set(hosts)):
         return math.nan
-    into = qdiscs[qdiscs["link"].map(lambda label: label.split("->")[-1] in hosts)]
+    dst = qdiscs["link"].map(lambda label: label.split("->")[-1])
+    into = qdiscs if hosts is None else qdiscs[dst.isin(set(hosts))]
     if not len(into):
         return math.nan
     per = into.sort_values("t").groupby("link")["drops"].agg(["first", "last"])

@@ -43,5 +43,6 @@ def test_an_overloaded_server_port_drops_and_the_workers_retransmit(tmp_path, no
     q = pd.read_parquet(run_dir / "qdiscs.parquet")
     into_ps = q[q["link"] == "s1->ps"].sort_values("t")["drops"]
     assert row["server_port_drops"] == into_ps.iloc[-1] - into_ps.iloc[0] > 0
+    assert row["queue_drops"] >= row["server_port_drops"]
     workers = counts.loc[["w0", "w1", "w2", "w3"], "retrans_segs"]
     assert workers.sum() > 0 and row["tcp_retrans_segs"] >= workers.sum()

@@ -74,10 +74,10 @@ def _frame() -> pd.DataFrame:
     rows = [
         dict(config="server 1/8", scheduler="fifo", server_fraction=0.125, server_in_bps=100e6,
              iter_time_median_s=3.0, bound_s=2.0, efficiency=2 / 3, tcp_retrans_segs=400, tcp_timeouts=6,
-             server_port_drops=300, fidelity_cpu_idle_min=0.4),
+             server_port_drops=300, queue_drops=310, fidelity_cpu_idle_min=0.4),
         dict(config="server 1/8", scheduler="fifo", server_fraction=0.125, server_in_bps=100e6,
              iter_time_median_s=3.4, bound_s=2.0, efficiency=2 / 3.4, tcp_retrans_segs=600, tcp_timeouts=2,
-             server_port_drops=500, fidelity_cpu_idle_min=0.3, fidelity_ok=False),
+             server_port_drops=500, queue_drops=500, fidelity_cpu_idle_min=0.3, fidelity_ok=False),
         dict(config="server 1/8", scheduler="mercury", server_fraction=0.125, server_in_bps=100e6,
              iter_time_median_s=2.5, bound_s=2.0, efficiency=0.8, tcp_retrans_segs=50, tcp_timeouts=0,
              server_port_drops=40, fidelity_cpu_idle_min=0.5),
@@ -101,6 +101,7 @@ def test_table_one_row_per_scheduler_and_fraction():
     assert fifo["runs"] == 2 and fifo["iter_time_s"] == pytest.approx(3.2) and fifo["bound_s"] == 2.0
     assert fifo["efficiency"] == pytest.approx((2 / 3 + 2 / 3.4) / 2)
     assert fifo["retrans_per_iter"] == 50 and fifo["timeouts"] == 4 and fifo["server_port_drops"] == 400
+    assert fifo["other_drops"] == 5   # median of 10 and 0
     assert (fifo["fidelity_passed"], fifo["fidelity_judged"], fifo["cpu_idle_min"]) == (1, 2, 0.3)
     assert fifo["server_mbps"] == 100
     old = t.iloc[2]   # recorded before the counters: NaN, and no verdict
@@ -115,9 +116,9 @@ def test_report_table_and_section(tmp_path):
     assert shown["server link"].tolist() == ["1/8 (100 Mb/s)"] * 2 + ["1 (800 Mb/s)"] * 2
     first, old = shown.iloc[0], shown.iloc[2]
     assert (first["iteration ms"], first["bound ms"], first["eff."], first["retrans./iter."], first["RTOs"],
-            first["drops"], first["fidelity"], first["CPU idle min"]) == \
-        ("3200", "2000", "0.63", "50.0", "4", "400", "1/2", "30%")
-    assert (old["retrans./iter."], old["drops"], old["fidelity"]) == ("–", "–", "not judged")
+            first["drops"], first["other drops"], first["fidelity"], first["CPU idle min"]) == \
+        ("3200", "2000", "0.63", "50.0", "4", "400", "5", "1/2", "30%")
+    assert (old["retrans./iter."], old["drops"], old["other drops"], old["fidelity"]) == ("–", "–", "–", "not judged")
 
     # the section over run directories: the fraction read from each run's role spec
     rows = []

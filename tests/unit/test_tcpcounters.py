@@ -99,6 +99,7 @@ def test_drops_toward_a_host_are_each_directions_rise():
     assert tcpc.drops_toward(q, ["ps"]) == 38           # last (t 0.3) less first (t 0.1); not ps->s1
     assert tcpc.drops_toward(q, ["ps", "w0"]) == 39
     assert tcpc.drops_toward(q, ["px"]) == 0            # one sample: nothing seen to rise
+    assert tcpc.drops_toward(q) == 39                   # every direction: ps->s1 has one sample too
     for nothing in ((q, []), (q, ["w9"]), (q.iloc[:0], ["ps"]), (None, ["ps"])):
         assert math.isnan(tcpc.drops_toward(*nothing))
 
