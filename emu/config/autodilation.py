@@ -80,35 +80,78 @@ def link_directions(net: NetSpec) -> int:
     return 2 * len(net.links)
 
 
+Point = tuple[float, float]   # (a role's Gbit/s in + out on the testbed, CPU-s per Gbit of its bound there)
+
+
 @dataclass(frozen=True)
 class SchedulerCost:
-    """What the calibration found for one scheduler (the cache's entry)."""
+    """What the calibration found for one scheduler (the cache's entry): per role kind, the cost
+    per Gbit at each rate it was measured at, by rate."""
     scheduler: str
-    cost: dict[str, float]         # role kind -> CPU-s per Gbit of its bound, worst window
-    harness: float                 # CPU-s/s of the orchestrator per link direction, worst window
+    cost: dict[str, list[Point]]   # role kind -> [(Gbit/s of one role, CPU-s per Gbit of its bound)], few workers
+    harness: float                 # CPU-s/s of the orchestrator per link direction at k = 1, busiest second
     cpus: int
     info: dict[str, Any] = field(default_factory=dict)   # the measurements behind them (shown, not used)
+    workers: dict[str, list[Point]] = field(default_factory=dict)   # role kind -> [(workers, cost factor)]
 
     def to_json(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler, "cost": dict(self.cost), "harness": self.harness, "cpus": self.cpus,
-                "info": dict(self.info)}
+        return {"scheduler": self.scheduler, "cost": {k: [list(p) for p in v] for k, v in self.cost.items()},
+                "workers": {k: [list(p) for p in v] for k, v in self.workers.items()},
+                "harness": self.harness, "cpus": self.cpus, "info": dict(self.info)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SchedulerCost:
-        return cls(scheduler=str(d["scheduler"]), cost={str(k): float(v) for k, v in d["cost"].items()},
-                   harness=float(d["harness"]),
-                   cpus=int(d["cpus"]), info=dict(d.get("info") or {}))
+        def points(m: dict) -> dict[str, list[Point]]:
+            return {str(k): sorted((float(a), float(b)) for a, b in v) for k, v in m.items()}
+
+        return cls(scheduler=str(d["scheduler"]), cost=points(d["cost"]), workers=points(d.get("workers") or {}),
+                   harness=float(d["harness"]), cpus=int(d["cpus"]), info=dict(d.get("info") or {}))
 
 
-def traffic_load(c: SchedulerCost, rates: list[RoleRate], directions: int) -> float:
-    """CPU-seconds per second of the run itself at k = 1: its roles' traffic and the orchestrator."""
-    fallback = max(c.cost.values(), default=0.0)   # a role kind the calibration did not have
-    return c.harness * directions + sum(c.cost.get(r.kind, fallback) * r.gbps for r in rates)
+def cost_at(points: list[Point], gbps: float) -> float:
+    """CPU-s per Gbit of a role moving `gbps` on the testbed, from its calibration points: a power
+    law between two neighbouring points (cost x rate^alpha constant), extrapolated below the
+    slowest with its exponent, the fastest's cost above it. The exponent is kept within [0, 1]:
+    a role never costs less per Gbit at a lower rate (fewer bytes per wakeup, not more), and its
+    load (cost x rate) never grows as its rate falls."""
+    pts = sorted(points)
+    if not pts:
+        return 0.0
+    if len(pts) == 1 or gbps >= pts[-1][0]:
+        return pts[-1][1]
+    i = next((j for j in range(1, len(pts)) if gbps < pts[j][0]), len(pts) - 1)
+    (r0, c0), (r1, c1) = pts[i - 1], pts[i]
+    alpha = min(max(math.log(c0 / c1) / math.log(r1 / r0), 0.0), 1.0) if min(c0, c1, r0) > 0 and r1 > r0 else 0.0
+    return c1 * (r1 / gbps) ** alpha
+
+
+def workers_factor(points: list[Point], n: int) -> float:
+    """How much more a role costs per Gbit with n workers than with the calibration's fewest: a
+    line through the calibration's (workers, factor) points, never below 1 (a ring's chunks, and
+    so its messages per byte, grow with n; a parameter server's do not)."""
+    pts = sorted(points)
+    if len(pts) < 2:
+        return 1.0
+    (n0, f0), (n1, f1) = pts[0], pts[-1]
+    return max(1.0, f0 + (f1 - f0) * (n - n0) / (n1 - n0)) if n1 > n0 else 1.0
+
+
+def traffic_load(c: SchedulerCost, rates: list[RoleRate], directions: int, k: float) -> float:
+    """CPU-seconds per second of the run itself at k: its roles' traffic (each at its rate on the
+    testbed, bound / k, and its job's number of workers) and the orchestrator's monitors."""
+    n = sum(1 for r in rates if r.kind == "worker")
+    worst = max(c.cost, key=lambda kind: max(p[1] for p in c.cost[kind]), default=None)   # for a kind not calibrated
+
+    def cost(kind: str, gbps: float) -> float:
+        kind = kind if kind in c.cost else worst
+        return 0.0 if kind is None else cost_at(c.cost[kind], gbps) * workers_factor(c.workers.get(kind, []), n)
+
+    return c.harness * directions / k + sum(cost(r.kind, r.gbps / k) * r.gbps / k for r in rates if r.gbps > 0)
 
 
 def predicted_load(c: SchedulerCost, rates: list[RoleRate], directions: int, k: float, base: float) -> float:
     """CPU-seconds per second the machine is predicted to be busy at time dilation k."""
-    return base + traffic_load(c, rates, directions) / k
+    return base + traffic_load(c, rates, directions, k)
 
 
 def predicted_idle(c: SchedulerCost, rates: list[RoleRate], directions: int, k: float, cpus: int,
@@ -132,19 +175,16 @@ class Choice:
 
 def choose(c: SchedulerCost, rates: list[RoleRate], directions: int, cpu_idle_min: float, k_max: int,
            cpus: int, base: float) -> Choice:
-    """The smallest whole k in [1, k_max] whose predicted idle is at least cpu_idle_min + MARGIN;
-    NoDilation where none is."""
+    """The smallest whole k in [1, k_max] whose predicted idle is at least cpu_idle_min + MARGIN
+    (the predicted load never grows with k); NoDilation where none is."""
     target = cpu_idle_min + MARGIN
-    spare = (1.0 - target) * cpus - base   # CPU-s/s the run may take
-    busy = traffic_load(c, rates, directions)
-    if spare <= 0 or math.ceil(busy / spare - 1e-9) > k_max:
-        best = predicted_idle(c, rates, directions, k_max, cpus, base)
+    idle = [predicted_idle(c, rates, directions, k, cpus, base) for k in range(1, k_max + 1)]
+    k = next((i + 1 for i, v in enumerate(idle) if v >= target - 1e-12), None)
+    if k is None:
         raise NoDilation(f"{c.scheduler}: no time dilation up to {k_max} is predicted to keep the CPU idle at "
-                         f"{target:.2f} (cpu_idle_min + {MARGIN:g}): {best:.2f} at k={k_max} (the machine's own "
+                         f"{target:.2f} (cpu_idle_min + {MARGIN:g}): {idle[-1]:.2f} at k={k_max} (the machine's own "
                          f"load without this run, {base:.2f} of {cpus} CPUs, stays at any k)")
-    k = max(1, math.ceil(busy / spare - 1e-9))
-    below = predicted_idle(c, rates, directions, k - 1, cpus, base) if k > 1 else None
-    return Choice(k, predicted_idle(c, rates, directions, k, cpus, base), below, target, base)
+    return Choice(k, idle[k - 1], idle[k - 2] if k > 1 else None, target, base)
 
 
 def retry_k(k: float, idle_min: float, base: float, cpus: int, cpu_idle_min: float, k_max: int) -> int | None:
@@ -171,10 +211,11 @@ class RoleSample:
 
 def derive(scheduler: str, *, window_s: float, roles: list[RoleSample], harness_s: float,
            uncharged_s: float, peak_over_mean: float, directions: int, cpus: int) -> SchedulerCost:
-    """The costs of one calibration run from what it measured over its window: each role's CPU,
-    the orchestrator's (`harness_s`) and the kernel's work charged to no process (`uncharged_s`:
-    the machine's busy time less every process's), which goes to the roles by the bytes they
-    moved; all of it scaled from the window's mean to its busiest second (`peak_over_mean`)."""
+    """The costs of one calibration run (one point per role kind: a role's bound rate, its cost)
+    from what it measured over its window: each role's CPU, the orchestrator's (`harness_s`) and
+    the kernel's work charged to no process (`uncharged_s`: the machine's busy time less every
+    process's), which goes to the roles by the bytes they moved; all of it scaled from the
+    window's mean to its busiest second (`peak_over_mean`)."""
     moved = sum(r.moved_bytes for r in roles)
     peak = max(peak_over_mean, 1.0)
     uncharged_s = max(uncharged_s, 0.0)
@@ -186,7 +227,7 @@ def derive(scheduler: str, *, window_s: float, roles: list[RoleSample], harness_
         cpu = sum(r.cpu_s + (uncharged_s * r.moved_bytes / moved if moved > 0 else 0.0) for r in mine)
         bound_gbit = sum(r.bound_gbps for r in mine) * window_s
         moved_gbit = sum(r.moved_bytes for r in mine) * 8 / 1e9
-        cost[kind] = peak * cpu / bound_gbit if bound_gbit > 0 else 0.0
+        cost[kind] = [(bound_gbit / window_s / len(mine), peak * cpu / bound_gbit if bound_gbit > 0 else 0.0)]
         per_moved[kind] = round(sum(r.cpu_s for r in mine) / moved_gbit, 4) if moved_gbit > 0 else None
     bound = sum(r.bound_gbps for r in roles) * window_s
     info = {"window_s": round(window_s, 3), "peak_over_mean": round(peak, 3),
@@ -196,3 +237,26 @@ def derive(scheduler: str, *, window_s: float, roles: list[RoleSample], harness_
             "moved_over_bound": round(moved * 8 / 1e9 / bound, 3) if bound > 0 else None}
     harness = peak * harness_s / window_s / directions if directions else 0.0
     return SchedulerCost(scheduler, cost, harness, cpus, info)
+
+
+def combine(runs: list[tuple[int, SchedulerCost]]) -> SchedulerCost:
+    """One scheduler's calibration runs, (workers, costs) each, as one entry: the runs with the
+    fewest workers give each kind's cost by rate; each run with more workers gives a factor over
+    what those predict at its rate. The largest orchestrator cost; each run's measurements in
+    `info.runs`."""
+    fewest = min(n for n, _ in runs)
+    first = runs[0][1]
+    cost: dict[str, list[Point]] = {}
+    for n, c in runs:
+        if n == fewest:
+            for kind, pts in c.cost.items():
+                cost[kind] = sorted(cost.get(kind, []) + list(pts))
+    workers: dict[str, list[Point]] = {}
+    for n, c in runs:
+        if n != fewest:
+            for kind, pts in c.cost.items():
+                if kind in cost:
+                    factor = max(got / cost_at(cost[kind], gbps) for gbps, got in pts)
+                    workers[kind] = sorted(workers.get(kind, [(float(fewest), 1.0)]) + [(float(n), factor)])
+    return SchedulerCost(first.scheduler, cost, max(c.harness for _, c in runs), first.cpus,
+                         {"runs": [{**c.info, "workers": n} for n, c in runs]}, workers)

@@ -2,8 +2,9 @@
 `time_dilation: auto` (emu/config/autodilation.py has the model and the choice).
 
 Measured once per scheduler, the first time an `auto` run of it starts here, through the normal
-run path (emu/run/runner.py `run_one`): a star of CAL_WORKERS workers (and a parameter server for
-the parameter-server family) at CAL_MBPS every link, the small VGG replayed at speedup
+run path (emu/run/runner.py `run_one`): stars of workers (and a parameter server for the
+parameter-server family), CAL_RUNS: 4 workers fast and slow (and 16 slow for a collective), the
+small VGG replayed at speedup
 CAL_SPEEDUP (communication-bound), about CAL_SECONDS of measured iterations. Every SAMPLE_S over
 the run: each role process's CPU (utime + stime of /proc/<pid>/stat, all its threads), the
 orchestrator's (its monitors), every process's, and the machine's busy time (/proc/stat); over
@@ -43,23 +44,29 @@ import numpy as np
 import pandas as pd
 
 from contracts.iterations import measured
-from emu.config.autodilation import RoleSample, SchedulerCost, derive, link_directions, role_rates
+from emu.config.autodilation import RoleSample, SchedulerCost, combine, derive, link_directions, role_rates
 from emu.config.experiment import Experiment
 from emu.run.runner import REPO, machine, run_one
 from emu.testbed.cleanup import StateDir
 
 CACHE_ENV = "SCHEDLAB_CACHE_DIR"
-FORMAT = 1
+FORMAT = 4   # of the cache file: a new format is a new file
 CAL_NAME = "calibrate"
-CAL_WORKERS = 4
-CAL_MBPS = 300.0
+# The calibration runs per family: (workers, every link's Mb/s). A role costs more per Gbit at
+# lower rates (fewer bytes per wakeup), and a dilated run's links are slower: 4 workers fast, then
+# slow. A collective's messages shrink as its workers grow (a ring's chunks are G / n), so it costs
+# more per Gbit with more workers: 16 workers slow too. A parameter server's messages are its
+# tensors, whatever the number of workers. Its workers share its link (flows of 75 and 15 Mb/s);
+# a collective worker's flows take their link.
+CAL_RUNS = {"ps": ((4, 300.0), (4, 60.0)), "collective": ((4, 75.0), (4, 15.0), (16, 15.0))}
 CAL_SPEEDUP = 10.0      # the small VGG's 48 ms of compute in 4.8 ms: the run is communication-bound
-CAL_SECONDS = 4.0       # measured iterations, at the bound
+CAL_SECONDS = 4.0       # measured iterations, at the bound (at least MIN_MEASURED iterations)
+MIN_MEASURED = 2
 CAL_WARMUP = 2
 CAL_TIMEOUT_S = 180
 CAL_PROFILE = ("vgg", "small")
 BASE_S = 2.0            # the machine's own load, measured before the run
-CAL_EST_S = 30          # what one scheduler's calibration takes on the reference machine (2 cores)
+CAL_EST_S = {"ps": 40, "collective": 70}   # one scheduler's calibration on the reference machine (2 cores), s
 BUSY_IDLE = 0.35        # a calibration run whose CPU idle fell below this says the machine was busy
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -152,23 +159,28 @@ def cost_for(exp: Experiment, state: StateDir, say: Say = _stderr) -> SchedulerC
     found = load(path).get(key)
     if found is not None:
         return found
-    say(f"time_dilation auto: calibrating {exp.scheduler} on this machine, once (about {CAL_EST_S} s: "
-        f"{CAL_WORKERS} workers{' and a server' if exp.roles.servers else ''} at {CAL_MBPS:g} Mb/s, each role's "
+    runs = ", ".join(f"{n} workers at {mbps:g} Mb/s" for n, mbps in CAL_RUNS[family(exp)])
+    say(f"time_dilation auto: calibrating {exp.scheduler} on this machine, once (about {CAL_EST_S[family(exp)]} s: "
+        f"{runs}{', and a server' if exp.roles.servers else ''}; each role's "
         f"CPU per Gbit); cached in {path}")
     cost = calibrate(exp, state, say)
     store(path, description, key, cost)
     say(f"time_dilation auto: {summary(cost)}")
-    idle = cost.info.get("fidelity_cpu_idle_min")
-    if idle is not None and idle < BUSY_IDLE:
+    idle = min((r.get("fidelity_cpu_idle_min", 1.0) for r in cost.info.get("runs", [])), default=1.0)
+    if idle < BUSY_IDLE:
         say(f"time_dilation auto: warning: the CPU idle fell to {idle:.2f} during the calibration run (other work "
             f"on this machine?), so its costs may be high and k larger than needed; delete {path} to calibrate again")
     return cost
 
 
 def summary(c: SchedulerCost) -> str:
-    roles = ", ".join(f"{kind} {v:.3f}" for kind, v in c.cost.items())
-    return (f"{c.scheduler}: CPU s per Gbit of the bound, worst second: {roles}; orchestrator "
-            f"{c.harness * 1e3:.2f} ms/s per link direction ({c.cpus} CPUs)")
+    """One line: each role kind's CPU s per Gbit of its bound (busiest second) at each rate it was measured at."""
+    roles = "; ".join(f"{kind} " + ", ".join(f"{cost:.3f} at {gbps * 1e3:.0f} Mb/s" for gbps, cost in pts)
+                      for kind, pts in c.cost.items())
+    more = "; ".join(f"{kind} x {f:.2f} at {n:g} workers" for kind, pts in c.workers.items() for n, f in pts[1:])
+    return (f"{c.scheduler}: CPU s per Gbit of the bound (busiest second, by a role's rate in + out): {roles}"
+            f"{'; ' + more if more else ''}; orchestrator {c.harness * 1e3:.2f} ms/s per link direction "
+            f"({c.cpus} CPUs)")
 
 
 # ---------------------------------------------------------------------------- the calibration run
@@ -178,17 +190,23 @@ def grad_bytes(repo: Path = REPO) -> float:
     return float(json.loads((repo / "profiles" / f"{model}-{preset}.json").read_text())["grad_bytes"])
 
 
-def calibration_experiment(exp: Experiment) -> Experiment:
-    """The calibration run of `exp`'s scheduler (and plugins): a small star, every link at CAL_MBPS,
-    the small VGG replayed; its iterations from the bound, for about CAL_SECONDS measured."""
+def family(exp: Experiment) -> str:
+    return "ps" if exp.roles.servers else "collective"
+
+
+def calibration_experiment(exp: Experiment, n: int | None = None, mbps: float | None = None) -> Experiment:
+    """A calibration run of `exp`'s scheduler (and plugins): a star of `n` workers (and a server),
+    every link at `mbps` (default: the family's first of CAL_RUNS), the small VGG replayed; its
+    iterations from the bound, for about CAL_SECONDS measured."""
+    n, mbps = (n, mbps) if n and mbps else CAL_RUNS[family(exp)][0]
     ps = bool(exp.roles.servers)
-    workers = [f"w{i}" for i in range(CAL_WORKERS)]
+    workers = [f"w{i}" for i in range(n)]
     hosts = (["ps"] if ps else []) + workers
-    per_iteration = CAL_WORKERS * grad_bytes() if ps else 2 * (CAL_WORKERS - 1) / CAL_WORKERS * grad_bytes()
-    iterations = CAL_WARMUP + max(4, math.ceil(CAL_SECONDS / (per_iteration * 8 / (CAL_MBPS * 1e6))))
+    per_iteration = n * grad_bytes() if ps else 2 * (n - 1) / n * grad_bytes()
+    iterations = CAL_WARMUP + max(MIN_MEASURED, math.ceil(CAL_SECONDS / (per_iteration * 8 / (mbps * 1e6))))
     model, preset = CAL_PROFILE
     raw = {"name": CAL_NAME, "seed": 0, "timeout_s": CAL_TIMEOUT_S,
-           "topology": {"kind": "star", "hosts": [{"name": h, "bw_mbps": CAL_MBPS} for h in hosts]},
+           "topology": {"kind": "star", "hosts": [{"name": h, "bw_mbps": mbps} for h in hosts]},
            "roles": {"servers": ["ps"] if ps else [], "workers": workers},
            "workload": {"model": model, "preset": preset, "data": "synthetic", "compute": "replay", "profile": None,
                         "speedup": CAL_SPEEDUP, "batch_size": 32, "iterations": iterations, "warmup": CAL_WARMUP,
@@ -236,9 +254,19 @@ def own_load(state: StateDir | None) -> float:
 
 
 def calibrate(exp: Experiment, state: StateDir, say: Say = _stderr) -> SchedulerCost:
-    """One calibration run of `exp`'s scheduler; its costs. The run's directory is removed unless
-    it failed (then the error names it)."""
-    cal = calibration_experiment(exp)
+    """The calibration runs of `exp`'s scheduler (CAL_RUNS); its costs."""
+    runs = []
+    for n, mbps in CAL_RUNS[family(exp)]:
+        runs.append((n, calibration_run(calibration_experiment(exp, n, mbps), state)))
+        say(f"time_dilation auto: {exp.scheduler}, {n} workers at {mbps:g} Mb/s: " + ", ".join(
+            f"{kind} {pts[0][1]:.3f} CPU s per Gbit at {pts[0][0] * 1e3:.0f} Mb/s in + out"
+            for kind, pts in runs[-1][1].cost.items()))
+    return combine(runs)
+
+
+def calibration_run(cal: Experiment, state: StateDir) -> SchedulerCost:
+    """One calibration run and its costs. Its directory is removed unless it failed (then the
+    error names it)."""
     root = Path(tempfile.mkdtemp(prefix="schedlab-calibrate-"))
     run_dir = root / cal.name / cal.run_id(0)
     before = machine_load(BASE_S)
@@ -247,13 +275,13 @@ def calibrate(exp: Experiment, state: StateDir, say: Say = _stderr) -> Scheduler
         row = run_one(cal, 0, root, state)
     finally:
         sampler.stop()
-    base = min(before, machine_load(BASE_S))   # the run may have waited for another's network: for the record
     if row["status"] != "ok":
-        raise CalibrationError(f"calibrating {exp.scheduler} failed: {row['reason']} (logs: {run_dir / 'logs'})")
+        raise CalibrationError(f"calibrating {cal.scheduler} failed: {row['reason']} (logs: {run_dir / 'logs'})")
+    base = min(before, machine_load(BASE_S))   # the run may have waited for another's network: for the record
     try:
         cost = measure(cal, row, run_dir, sampler.samples, base)
     except (OSError, ValueError, KeyError) as e:
-        raise CalibrationError(f"calibrating {exp.scheduler}: nothing measured ({e}; run: {run_dir})") from None
+        raise CalibrationError(f"calibrating {cal.scheduler}: nothing measured ({e}; run: {run_dir})") from None
     shutil.rmtree(root, ignore_errors=True)
     return cost
 
@@ -315,8 +343,9 @@ def measure(cal: Experiment, row: dict, run_dir: Path, samples: list[Sample], ba
     cost = derive(cal.scheduler, window_s=b - a, roles=role_samples,
                   harness_s=float(iv["harness"].sum()) / TICK, uncharged_s=float(iv["uncharged"].sum()) / TICK,
                   peak_over_mean=peak_over_mean, directions=link_directions(cal.net), cpus=cpus)
-    info = {**cost.info, "machine_load_cpus": None if base is None else round(base, 3), "mbps": CAL_MBPS,
-            "workers": CAL_WORKERS, "iteration_ms": round(row["iter_time_median_s"] * 1e3, 1),
+    info = {**cost.info, "machine_load_cpus": None if base is None else round(base, 3),
+            "mbps": cal.net.links[0].ab_mbps,
+            "iteration_ms": round(row["iter_time_median_s"] * 1e3, 1),
             "fidelity_cpu_idle_min": round(float(row["fidelity_cpu_idle_min"]), 3),
             "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     return SchedulerCost(cost.scheduler, cost.cost, cost.harness, cost.cpus, info)

@@ -156,16 +156,15 @@ def auto_notes(plan: Plan) -> list[str]:
     auto = [e for e in plan.experiments if e.auto_dilation]
     if not auto:
         return []
-    missing = sorted({e.scheduler for e in auto if calibrate.cached(e)[0] is None})
+    missing = {e.scheduler: calibrate.CAL_EST_S[calibrate.family(e)] for e in auto if calibrate.cached(e)[0] is None}
     path = calibrate.cache_path(calibrate.describe_machine())
     if not missing:
         return [f"time_dilation auto: k is the smallest whole k this machine's calibration ({path}) and its own "
                 f"load now predict keep the CPU idle at cpu_idle_min + {MARGIN:g} (idle shown at k and k - 1); a run "
                 f"measures that load again when it starts"]
-    return [f"time_dilation auto: this machine is not calibrated yet for {', '.join(missing)}: the first run of "
-            f"each calibrates it (one run of about {calibrate.CAL_EST_S} s each, as root; "
-            f"{_duration(calibrate.CAL_EST_S * len(missing))} in all, not in the estimate), then picks k; "
-            f"its runs have no estimate until then (cache: {path})"]
+    return [f"time_dilation auto: this machine is not calibrated yet for {', '.join(sorted(missing))}: the first "
+            f"run of each calibrates it (a few short runs, as root: about {_duration(sum(missing.values()))} in all, "
+            f"not in the estimate), then picks k; its runs have no estimate until then (cache: {path})"]
 
 
 def render_tune(spec, results_root: Path, iteration_bound: IterationBound) -> str:

@@ -22,12 +22,15 @@ from emu.config.autodilation import (
     RoleSample,
     SchedulerCost,
     choose,
+    combine,
+    cost_at,
     derive,
     link_directions,
     predicted_idle,
     predicted_load,
     retry_k,
     role_rates,
+    workers_factor,
 )
 from emu.config.dilation import wall_plan
 from emu.config.experiment import ConfigError
@@ -150,7 +153,8 @@ def test_collective_workers_move_at_the_slowest_workers_rate():
 
 # ---------------------------------------------------------------------------- the model and the choice
 
-COST = SchedulerCost("fifo", cost={"server": 0.5, "worker": 0.6}, harness=0.004, cpus=2)
+# one rate each: the same cost per Gbit at every rate, so the load is base + traffic / k
+COST = SchedulerCost("fifo", cost={"server": [(0.6, 0.5)], "worker": [(0.15, 0.6)]}, harness=0.004, cpus=2)
 BASE = 0.1   # the machine's own load, CPUs
 RATES = [RoleRate("server0", "server", "ps", 4.096), *(RoleRate(f"worker{i}", "worker", f"w{i}", 0.128)
                                                         for i in range(32))]
@@ -188,7 +192,9 @@ def test_no_k_when_the_limit_or_the_machines_own_load_is_in_the_way():
 @given(base=st.floats(0, 0.8), server=st.floats(0, 3), worker=st.floats(0, 3), harness=st.floats(0, 0.01),
        idle_min=st.floats(0, 0.5), cpus=st.integers(1, 16))
 def test_the_choice_is_minimal_and_sufficient(base, server, worker, harness, idle_min, cpus):
-    cost = SchedulerCost("x", cost={"server": server, "worker": worker}, harness=harness, cpus=cpus)
+    cost = SchedulerCost("x", cost={"server": [(0.12, server * 2), (0.6, server)],
+                                    "worker": [(0.03, worker * 3), (0.15, worker)]}, harness=harness, cpus=cpus,
+                         workers={"worker": [(4.0, 1.0), (16.0, 1.5)]})
     try:
         c = choose(cost, RATES, 66, idle_min, 100, cpus, base)
     except NoDilation:
@@ -218,8 +224,9 @@ def _calibration(peak=1.5):
 def test_uncharged_kernel_work_goes_to_the_roles_by_their_bytes():
     _, c = _calibration(peak=1.0)
     # the server moved half the bytes: 0.45 of the 0.9 uncharged; over its 0.6 Gbit/s x 10 s bound
-    assert c.cost["server"] == pytest.approx((1.2 + 0.45) / 6.0)
-    assert c.cost["worker"] == pytest.approx((4 * 0.5 + 0.45) / (4 * 0.15 * 10))
+    # one point per kind: a role's bound rate, and its cost per Gbit of it
+    assert c.cost["server"] == [(0.6, pytest.approx((1.2 + 0.45) / 6.0))]
+    assert c.cost["worker"] == [(pytest.approx(0.15), pytest.approx((4 * 0.5 + 0.45) / (4 * 0.15 * 10)))]
     assert c.harness == pytest.approx(0.2 / 10 / 10)
     assert c.info["moved_over_bound"] == pytest.approx(9e8 * 8 / 1e9 / 12.0)
     assert c.info["process_cpu_s_per_gbit_moved"]["server"] == pytest.approx(1.2 / 3.6, abs=1e-4)
@@ -231,6 +238,43 @@ def test_the_model_predicts_the_calibrations_own_busiest_second():
                                                           for i in range(4))]
     mean = (1.2 + 4 * 0.5 + 0.2 + 0.9) / 10.0   # CPU-s/s of the run over its window, above base
     assert predicted_load(c, rates, 10, 1, 0.05) == pytest.approx(0.05 + 1.5 * mean)
+
+
+def test_a_role_costs_more_per_gbit_at_a_lower_rate_as_the_calibration_measured():
+    pts = [(0.03, 0.6), (0.15, 0.2)]   # 3 x the cost at 1/5 of the rate: exponent ln 3 / ln 5
+    assert cost_at(pts, 0.15) == pytest.approx(0.2) and cost_at(pts, 0.03) == pytest.approx(0.6)
+    assert cost_at(pts, 0.6) == pytest.approx(0.2)                       # above the fastest: its cost
+    alpha = math.log(3) / math.log(5)
+    assert cost_at(pts, 0.06) == pytest.approx(0.2 * (0.15 / 0.06) ** alpha)
+    assert cost_at(pts, 0.006) == pytest.approx(0.6 * 5 ** alpha)        # below the slowest: the same law
+    # the load (cost x rate) never grows as the rate falls: the exponent is at most 1
+    steep = [(0.03, 10.0), (0.15, 0.2)]
+    assert cost_at(steep, 0.01) * 0.01 == pytest.approx(cost_at(steep, 0.15) * 0.15)
+    # never cheaper at a lower rate (a noisy calibration): the faster point's cost
+    assert cost_at([(0.03, 0.1), (0.15, 0.2)], 0.01) == pytest.approx(0.2)
+    assert cost_at([(0.15, 0.2)], 0.01) == 0.2 and cost_at([], 1.0) == 0.0
+
+
+def test_a_ring_costs_more_per_gbit_with_more_workers():
+    assert workers_factor([(4.0, 1.0), (16.0, 1.42)], 4) == 1.0
+    assert workers_factor([(4.0, 1.0), (16.0, 1.42)], 32) == pytest.approx(1 + 0.42 * 28 / 12)
+    assert workers_factor([(4.0, 1.0), (16.0, 0.8)], 32) == 1.0   # never below the calibration's
+    assert workers_factor([], 32) == 1.0
+    ring = SchedulerCost("ring", {"worker": [(0.15, 0.2)]}, 0.0, 2, workers={"worker": [(4.0, 1.0), (16.0, 2.0)]})
+    net = star_spec(*[100] * 32, names=[f"w{i}" for i in range(32)])
+    rates = role_rates(net, [], [f"w{i}" for i in range(32)])
+    assert predicted_load(ring, rates, 0, 2, 0.0) == pytest.approx(32 * 0.1 * 0.2 * (1 + 28 / 12))
+
+
+def test_calibration_runs_combine_into_rates_and_a_workers_factor():
+    def run(gbps, cost):
+        return SchedulerCost("ring", {"worker": [(gbps, cost)]}, 0.001 * gbps, 2, {"window_s": 5.0})
+
+    c = combine([(4, run(0.15, 0.2)), (4, run(0.03, 0.6)), (16, run(0.03, 0.9))])
+    assert c.cost == {"worker": [(0.03, 0.6), (0.15, 0.2)]}
+    assert c.workers == {"worker": [(4.0, 1.0), (16.0, pytest.approx(1.5))]}
+    assert c.harness == pytest.approx(0.00015) and [r["workers"] for r in c.info["runs"]] == [4, 4, 16]
+    assert SchedulerCost.from_json(json.loads(json.dumps(c.to_json()))) == c
 
 
 def _sample(t, roles, harness, procs, busy, irq):
@@ -280,8 +324,9 @@ def test_the_data_paths_digest_follows_its_sources(tmp_path):
 def test_entries_are_kept_per_scheduler_and_read_back(tmp_path):
     path = calibrate.cache_path(calibrate.describe_machine(), tmp_path)
     assert calibrate.load(path) == {}
-    fifo = SchedulerCost("fifo", {"server": 0.3, "worker": 0.4}, 0.004, 2, {"window_s": 6.0})
-    ring = SchedulerCost("ring", {"worker": 0.2}, 0.003, 2)
+    fifo = SchedulerCost("fifo", {"server": [(0.6, 0.3)], "worker": [(0.15, 0.4)]}, 0.004, 2, {"window_s": 6.0})
+    ring = SchedulerCost("ring", {"worker": [(0.03, 0.5), (0.15, 0.2)]}, 0.003, 2,
+                         workers={"worker": [(4.0, 1.0), (16.0, 1.4)]})
     calibrate.store(path, {"m": 1}, "fifo", fifo)
     calibrate.store(path, {"m": 1}, "ring", ring)
     assert calibrate.load(path) == {"fifo": fifo, "ring": ring}
@@ -317,16 +362,20 @@ def test_a_plugins_scheduler_is_calibrated_with_its_code(tmp_path, clean_registr
     assert cal.scheduler == "alltoall" and cal.plugins[0].path == str(plugin) and not cal.roles.servers
 
 
-def test_the_calibration_run_is_a_small_communication_bound_star(tmp_path):
-    ps = calibrate.calibration_experiment(experiment(tmp_path, scheduler="mercury"))
-    assert ps.scheduler == "mercury" and ps.roles.servers == ["ps"] and len(ps.roles.workers) == calibrate.CAL_WORKERS
-    assert {ln.ab_mbps for ln in ps.net.links} == {calibrate.CAL_MBPS} and ps.time_dilation == 1
+def test_the_calibration_runs_are_small_communication_bound_stars(tmp_path):
+    mercury = experiment(tmp_path, scheduler="mercury")
+    assert calibrate.CAL_RUNS["ps"] == ((4, 300.0), (4, 60.0))
+    ps = calibrate.calibration_experiment(mercury)
+    assert ps.scheduler == "mercury" and ps.roles.servers == ["ps"] and len(ps.roles.workers) == 4
+    assert {ln.ab_mbps for ln in ps.net.links} == {300.0} and ps.time_dilation == 1
     assert ps.workload["compute"] == "replay" and ps.workload["speedup"] == calibrate.CAL_SPEEDUP
     # about CAL_SECONDS at the bound: the server moves 4 x 5 MB each way per iteration at 300 Mb/s
-    bound_s = calibrate.CAL_WORKERS * calibrate.grad_bytes() * 8 / (calibrate.CAL_MBPS * 1e6)
+    bound_s = 4 * calibrate.grad_bytes() * 8 / 300e6
     assert ps.workload["iterations"] - ps.workload["warmup"] == math.ceil(calibrate.CAL_SECONDS / bound_s)
-    ring = calibrate.calibration_experiment(experiment(tmp_path, scheduler="ring", roles={"workers": "rest"}))
-    assert not ring.roles.servers and ring.workload["iterations"] > ps.workload["iterations"]
+    slow = calibrate.calibration_experiment(mercury, 4, 60.0)
+    assert slow.workload["iterations"] - slow.workload["warmup"] == calibrate.MIN_MEASURED
+    ring = calibrate.calibration_experiment(experiment(tmp_path, scheduler="ring", roles={"workers": "rest"}), 16, 15)
+    assert not ring.roles.servers and len(ring.roles.workers) == 16 and ring.net.rate("w3", "s1") == 15
 
 
 # ---------------------------------------------------------------------------- the dry run
@@ -344,7 +393,7 @@ def test_dry_run_says_the_first_run_calibrates(tmp_path, monkeypatch):
     assert [p.k for p in pts] == ["auto: not calibrated"] * 2 and {p.basis for p in pts} == {"unknown"}
     text = dryrun.render(plan, pts, tmp_path / "results")
     assert "time_dilation auto: this machine is not calibrated yet for fifo, mercury: the first run of each " \
-           f"calibrates it (one run of about {calibrate.CAL_EST_S} s each, as root" in text
+           "calibrates it (a few short runs, as root: about 0:01:20 in all, not in the estimate)" in text
     assert not (tmp_path / "cache").exists()
 
 
@@ -355,7 +404,7 @@ def test_dry_run_shows_the_k_it_would_pick(tmp_path, monkeypatch):
     # fifo: 0.8 CPU-s per bound Gbit; this star's bound is 0.8 Gbit/s at the server, 0.2 per worker:
     # 0.04 + 1.28 / k CPUs, at most 1.1 for 0.45 idle: k = 2 (idle 0.66), not 1 (0.34)
     calibrate.store(path, calibrate.describe_machine(), "fifo",
-                    SchedulerCost("fifo", {"server": 0.8, "worker": 0.8}, 0.0, 2))
+                    SchedulerCost("fifo", {"server": [(0.8, 0.8)], "worker": [(0.2, 0.8)]}, 0.0, 2))
     pts = dryrun.points(plan, tmp_path / "results", lambda exp: 0.5, own_load=lambda: 0.04)
     assert [p.k for p in pts] == ["auto: 2 (idle 0.66, 0.34 at 1)", "auto: not calibrated"]
     assert pts[0].run_s == pytest.approx(dryrun.SETUP_S + 0.5 * 10 * 2) and pts[0].basis == "bound"
