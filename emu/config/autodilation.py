@@ -108,17 +108,21 @@ class SchedulerCost:
                    harness=float(d["harness"]), cpus=int(d["cpus"]), info=dict(d.get("info") or {}))
 
 
+EXTRAPOLATE = 2.0   # below the slowest calibrated rate, the power law holds down to 1/this of it, then flat
+
+
 def cost_at(points: list[Point], gbps: float) -> float:
     """CPU-s per Gbit of a role moving `gbps` on the testbed, from its calibration points: a power
-    law between two neighbouring points (cost x rate^alpha constant), extrapolated below the
-    slowest with its exponent, the fastest's cost above it. The exponent is kept within [0, 1]:
-    a role never costs less per Gbit at a lower rate (fewer bytes per wakeup, not more), and its
-    load (cost x rate) never grows as its rate falls."""
+    law between two neighbouring points (cost x rate^alpha constant); below the slowest, the same
+    law down to 1/EXTRAPOLATE of its rate and flat beneath (a segment per wakeup is the most a
+    byte can cost); above the fastest, its cost. The exponent is kept within [0, 1]: a role never
+    costs less per Gbit at a lower rate, and its load (cost x rate) never grows as its rate falls."""
     pts = sorted(points)
     if not pts:
         return 0.0
     if len(pts) == 1 or gbps >= pts[-1][0]:
         return pts[-1][1]
+    gbps = max(gbps, pts[0][0] / EXTRAPOLATE)
     i = next((j for j in range(1, len(pts)) if gbps < pts[j][0]), len(pts) - 1)
     (r0, c0), (r1, c1) = pts[i - 1], pts[i]
     alpha = min(max(math.log(c0 / c1) / math.log(r1 / r0), 0.0), 1.0) if min(c0, c1, r0) > 0 and r1 > r0 else 0.0

@@ -246,10 +246,12 @@ def test_a_role_costs_more_per_gbit_at_a_lower_rate_as_the_calibration_measured(
     assert cost_at(pts, 0.6) == pytest.approx(0.2)                       # above the fastest: its cost
     alpha = math.log(3) / math.log(5)
     assert cost_at(pts, 0.06) == pytest.approx(0.2 * (0.15 / 0.06) ** alpha)
-    assert cost_at(pts, 0.006) == pytest.approx(0.6 * 5 ** alpha)        # below the slowest: the same law
+    # below the slowest: the same law down to half its rate, then flat
+    assert cost_at(pts, 0.02) == pytest.approx(0.6 * 1.5 ** alpha)
+    assert cost_at(pts, 0.006) == cost_at(pts, 0.015) == pytest.approx(0.6 * 2 ** alpha)
     # the load (cost x rate) never grows as the rate falls: the exponent is at most 1
     steep = [(0.03, 10.0), (0.15, 0.2)]
-    assert cost_at(steep, 0.01) * 0.01 == pytest.approx(cost_at(steep, 0.15) * 0.15)
+    assert cost_at(steep, 0.02) * 0.02 == pytest.approx(cost_at(steep, 0.15) * 0.15)
     # never cheaper at a lower rate (a noisy calibration): the faster point's cost
     assert cost_at([(0.03, 0.1), (0.15, 0.2)], 0.01) == pytest.approx(0.2)
     assert cost_at([(0.15, 0.2)], 0.01) == 0.2 and cost_at([], 1.0) == 0.0
