@@ -188,7 +188,7 @@ def test_no_k_when_the_limit_or_the_machines_own_load_is_in_the_way():
         choose(COST, RATES, 66, 0.35, 100, 2, 1.2)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(base=st.floats(0, 0.8), server=st.floats(0, 3), worker=st.floats(0, 3), harness=st.floats(0, 0.01),
        idle_min=st.floats(0, 0.5), cpus=st.integers(1, 16))
 def test_the_choice_is_minimal_and_sufficient(base, server, worker, harness, idle_min, cpus):
