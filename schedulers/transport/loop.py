@@ -129,6 +129,8 @@ class Peer:
         self._host_deadline: float | None = None   # ... until this instant at most
         self.hold: int | None = None               # tests: picks allowed (None: no hold)
         self._mask = _IN
+        self._wpoll = select.poll()
+        self._wpoll.register(self.fd, select.POLLOUT)
 
     # ------------------------------------------------------------------ send
     def put(self, order: tuple, kind: Kind, key: int = 0, chunk: int = 0, it: int = 0,
@@ -187,12 +189,20 @@ class Peer:
             self.loop.modify(self, mask)
 
     def writable(self) -> None:
+        """EPOLLOUT: the kernel wants more bytes."""
+        self._send()
+        self._update()
+
+    def _send(self) -> None:
+        """Write the frame being written, or pick one and write it; then, if another waits
+        and the host's queue is over its bound, wait for stamps from now on (no EPOLLOUT
+        round only to find that out)."""
         if self._cur is None and not self._pick():
-            self._update()
             return
         if self.held_until is None:
             self._write()
-        self._update()
+        if self._cur is None and self._heap and self.host_queue_s is not None:
+            self._host_full(time.monotonic())
 
     def hold_over(self, now: float) -> None:
         """The Delay's hold of the picked frame is over: write it."""
@@ -216,14 +226,8 @@ class Peer:
             self._retuned, self._went_idle = now, False
         # The stamps are read as epoll reports them (EPOLLERR, `stamps_came`), not here: one
         # that came since is seen in the next round.
-        if self.host_queue_s is not None and self._heap[0][0] != _STOP:
-            if self.stamps.host_bytes() > self._host_limit():
-                if self._host_deadline is None:
-                    self._host_deadline = now + HOST_WAIT_MAX_S
-                if now < self._host_deadline:
-                    self._host_blocked = True
-                    self.loop.timed.add(self)
-                    return False
+        if self.host_queue_s is not None and self._heap[0][0] != _STOP and self._host_full(now):
+            return False
         self._host_blocked, self._host_deadline = False, None
         self.loop.timed.discard(self)
         if self.hold is not None:
@@ -250,6 +254,19 @@ class Peer:
             if hold > 0:
                 self._held_from, self.held_until = now, now + hold
                 self.loop.timed.add(self)
+        return True
+
+    def _host_full(self, now: float) -> bool:
+        """Whether the bytes written that have not left the host are over the bound, and the
+        wait for them (HOST_WAIT_MAX_S from when it began) is not over: then blocked."""
+        if self.stamps.host_bytes() <= self._host_limit():
+            return False
+        if self._host_deadline is None:
+            self._host_deadline = now + HOST_WAIT_MAX_S
+        if now >= self._host_deadline:
+            return False
+        self._host_blocked = True
+        self.loop.timed.add(self)
         return True
 
     def _host_limit(self) -> int:
@@ -282,6 +299,11 @@ class Peer:
             if done is not None:
                 done()
 
+    def _kernel_wants(self) -> bool:
+        """Whether the kernel wants more bytes now (what EPOLLOUT says: unsent bytes under
+        TCP_NOTSENT_LOWAT), asked with a poll() of this socket alone."""
+        return any(ev & select.POLLOUT for _, ev in self._wpoll.poll(0))
+
     def _bye(self) -> None:
         self.bye_sent = True
 
@@ -302,6 +324,8 @@ class Peer:
             if self._host_blocked and self.stamps.host_bytes() <= self._host_limit():
                 self._host_blocked, self._host_deadline = False, None
                 self.loop.timed.discard(self)
+                if self._cur is None and self.held_until is None and self.hold != 0 and self._kernel_wants():
+                    self._send()   # the next frame now, not after a round that asks epoll for EPOLLOUT
                 self._update()
             return
         err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
