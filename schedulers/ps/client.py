@@ -47,6 +47,7 @@ from pydantic import Field, model_serializer
 from contracts.tx_frames import summary
 from schedulers.api import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.core.failure import Failure
+from schedulers.ps.share import pace
 from schedulers.transport.connection import (
     HOST_QUEUE_S,
     PRIORITY_QUEUE_S,
@@ -85,14 +86,24 @@ class PSParams(SchedulerParams):
 
     startup_us: float = Field(
         default=0.0, ge=0, le=1_000_000, allow_inf_nan=False,
-        description="start-up cost per message, microseconds: the worker's send thread waits this long "
-                    "before writing each PUSH and PULL frame (0: only the transport's real cost)")
+        description="start-up cost per message, microseconds: the worker's connection holds each PUSH and "
+                    "PULL frame that starts a message this long before writing it (0: only the transport's "
+                    "real cost)")
+    pace_to_share: bool = Field(
+        default=False,
+        description="pace the worker's connection to each server at the share of that server's link the "
+                    "server measures and sends once packets are dropped before it (incast; "
+                    "schedulers/ps/share.py); the baselines as their authors deploy them do not")
 
     @model_serializer(mode="wrap")
     def _without_zero_startup(self, handler):
+        """startup_us at 0 and pace_to_share at the class's default are left out of the dump,
+        so the run ids of configs that do not set them stay as they were."""
         d = handler(self)
         if not self.startup_us:
             d.pop("startup_us", None)
+        if self.pace_to_share == type(self).model_fields["pace_to_share"].default:
+            d.pop("pace_to_share", None)
         return d
 
 
@@ -144,6 +155,8 @@ class PSBase(Scheduler):
         self._io: threading.Thread | None = None
         self.startup = [StartupCost(params.startup_us / 1e6, self._starts_frame) for _ in ctx.servers]  # per server
         self.stamps: list[TxStamps] = []  # traced: when each frame's bytes left (schedulers/transport/txstamps.py)
+        self.paced: dict[int, int] = {}   # server -> the pacing rate it sent us last, bytes/s
+        self.pace_updates = 0
 
     # ------------------------------------------------------------------ setup
     def _connect(self) -> None:
@@ -205,6 +218,8 @@ class PSBase(Scheduler):
                         "startup_waited_s": sum(c.waited_s for c in self.startup)})
         if self.stamps:
             out["tx"] = summary(merge(self.stamps)["inversion_s"])
+        if self.paced:
+            out.update({"pace_bytes_per_s": self.paced, "pace_updates": self.pace_updates})
         return out
 
     def tables(self) -> dict:
@@ -249,6 +264,12 @@ class PSBase(Scheduler):
         if h.kind == Kind.BYE:
             if not self._failure.closing:
                 raise CommError(f"{peer.conn.peer} ended the session early")
+            return
+        if h.kind == Kind.CTRL:   # the server's measured share of its link for us (share.py)
+            if self.params.pace_to_share:
+                pace(peer.sock, h.key)
+                self.paced[peer.rank] = h.key
+                self.pace_updates += 1
             return
         self._on_frame(peer.rank, peer.conn, h)
 

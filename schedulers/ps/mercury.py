@@ -44,6 +44,11 @@ from schedulers.transport.connection import Mode
 class MercuryParams(PSParams):
     packet_bytes: int = Field(default=16384, ge=4, le=67_108_864, multiple_of=4,
                               description="payload bytes per packet (a multiple of 4: float32)")
+    pace_to_share: bool = Field(
+        default=True,
+        description="pace the worker's connection to each server at the share of that server's link the "
+                    "server measures and sends once packets are dropped before it (incast; "
+                    "schedulers/ps/share.py): a transport-level mechanism, as Mercury's priority is")
 
 
 class Mercury(PushScheduler):

@@ -36,6 +36,10 @@ The workers' HELLO names the mode they speak; `python -m workloads.server SPEC.j
 takes the mode from the spec's `scheduler` entry and refuses workers that speak another
 (`ParameterServer(mode=None)`, used in-process by tests, adopts the workers' mode).
 
+Incast (schedulers/ps/share.py): the server measures its inbound rate and, once packets are
+dropped before it, sends every worker its share of that rate (CTRL, key = bytes/s), which
+the workers of a pacing scheduler apply as their connection's pacing rate.
+
 Failure: a worker that disconnects without BYE, or reports an ABORT, ends the server; every
 other worker is sent an ABORT that names the dead peer, so no role waits forever.
 """
@@ -57,6 +61,7 @@ from contracts import tx_frames
 from contracts.role_spec import RoleSpec
 from schedulers.api import CommError
 from schedulers.core.progress import ProgressReporter
+from schedulers.ps.share import InboundMeter, out_of_order
 from schedulers.transport.connection import (
     HOST_QUEUE_S,
     PRIORITY_QUEUE_S,
@@ -126,6 +131,7 @@ class ParameterServer:
         self.conns: dict[int, Connection] = {}
         self.loop = Loop(self)
         self.peers: dict[int, Peer] = {}
+        self.meter = InboundMeter(num_workers)     # incast: each worker's share of our link (share.py)
         self.queue: list = []                      # QUEUED mode: received pushes by priority
         self._seq = itertools.count()
         self._arrival = itertools.count()          # PULL mode: requests in the order they are read
@@ -149,8 +155,7 @@ class ParameterServer:
         try:
             self._accept_all()
             self.log(f"{self.num_workers} workers connected, mode {self.mode.name}")
-            if self.mode == Mode.QUEUED:
-                self.loop.after_round = self._process_queue
+            self.loop.after_round = self._after_round
             self.loop.run(done=self._finished)
             self.log("all workers said BYE; done")
         except BaseException as e:
@@ -229,6 +234,7 @@ class ParameterServer:
         if h.kind == Kind.PUSH:
             if data is None:   # an empty push: an empty slice
                 data = self.pool.take(0)
+            self.meter.received(h.nbytes)
             self.event("recv", h.key, h.chunk, h.it)
             self._pushed(peer.rank, h, data)
         elif h.kind == Kind.PULL and self.mode == Mode.PULL:
@@ -249,6 +255,17 @@ class ParameterServer:
             heapq.heappush(self.queue, ((h.it, h.priority, h.chunk), next(self._seq), rank, h, data))
         else:
             self._add(rank, h, data)
+
+    def _after_round(self) -> None:
+        if self.mode == Mode.QUEUED:
+            self._process_queue()
+        now = time.monotonic()
+        if self.meter.due(now):
+            counts = [out_of_order(c.sock) for c in self.conns.values()]
+            share = self.meter.tick(now, None if None in counts else sum(counts))
+            if share is not None:   # CTRL to a PS worker: key = its pacing rate, bytes/s
+                for peer in self.peers.values():
+                    peer.put((-1,), Kind.CTRL, key=min(share, 0xFFFFFFFF))
 
     def _process_queue(self) -> None:
         """QUEUED mode, after each round of reads: sum what was received, best priority first."""

@@ -17,6 +17,7 @@ import pytest
 
 from contracts.role_spec import Address, role_specs
 from schedulers.core.base import CommError, Endpoint, TensorSpec
+from schedulers.ps.share import SO_MAX_PACING_RATE
 from schedulers.transport.connection import (
     AUTO,
     HEADER,
@@ -361,3 +362,41 @@ def test_dead_worker_makes_servers_and_workers_fail_naming_it(name, procs, tmp_p
         assert proc.wait(timeout=DEADLINE_S) == 1
         assert "worker 2" in proc.stderr.read()
     victim.wait(timeout=5)
+
+
+# ---------------------------------------------------------------- incast: pacing to the server's share
+@pytest.mark.parametrize("name,paces", [("mercury", True), ("fifo", False)])
+def test_worker_paces_to_the_share_its_server_sends(name, paces):
+    """The server's CTRL frame (key: a share of its link, bytes/s; schedulers/ps/share.py) sets
+    the pacing rate of a pacing worker's connection (mercury by default), and a baseline
+    ignores it. The server here speaks the wire protocol directly."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    port = lsock.getsockname()[1]
+    got: dict = {}
+
+    def server():
+        sock, _ = lsock.accept()
+        conn = Connection(sock, "worker 0")
+        got["hello"] = conn.recv_header()
+        conn.send(Kind.CTRL, key=1_234_567)
+        while conn.recv_header().kind != Kind.BYE:
+            pass
+        conn.send(Kind.BYE)
+        conn.close()
+
+    th = threading.Thread(target=server, daemon=True)
+    th.start()
+    sched = create(name, 0, 1, [Endpoint("lo", "127.0.0.1", port)])
+    sched.start([TensorSpec(0, "w", 10, 0)])
+    deadline = time.monotonic() + 10
+    while paces and not sched.paced and time.monotonic() < deadline:
+        time.sleep(0.01)
+    rate = sched.peers[0].sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE)
+    info = sched.info()
+    sched.close()
+    th.join(10)
+    lsock.close()
+    if paces:
+        assert rate == 1_234_567 and info == {"pace_bytes_per_s": {0: 1_234_567}, "pace_updates": 1}
+    else:
+        assert rate != 1_234_567 and "pace_bytes_per_s" not in info
