@@ -83,7 +83,8 @@ def outcome(exp, row: dict, sweep_dir: Path) -> str:
         dilated = f", time dilation {k:g}" + (" (auto)" if exp.auto_dilation else "") if k != 1 else ""
         return (f"ok, median iteration {row['iter_time_median_s'] * 1e3:.0f} ms, "
                 f"wall {row['wall_s']:.1f} s{dilated}")
-    return f"{row['status']}: {row['reason']} (logs: {sweep_dir / row['run_id'] / 'logs'})"
+    logs = sweep_dir / row["run_id"] / "logs"
+    return f"{row['status']}: {row['reason']}" + (f" (logs: {logs})" if logs.exists() else "")
 
 
 def run_plan(plan: Plan, results_root: Path, force: bool = False,
