@@ -320,7 +320,7 @@ class Peer:
 
     def stamps_came(self) -> None:
         """EPOLLERR: read the transmit stamps; with none to read, the socket has an error."""
-        if self.stamps is not None and self.stamps.drain():
+        if self.stamps is not None and self.stamps.drain(most=1):
             if self._host_blocked and self.stamps.host_bytes() <= self._host_limit():
                 self._host_blocked, self._host_deadline = False, None
                 self.loop.timed.discard(self)
@@ -403,6 +403,8 @@ class Peer:
             self._h = self._obj = self._dest = None
             budget -= 1
             self._deliver(handler, h, obj)
+            if self._hgot < HEADER.size and n < want + HEADER.size:
+                return   # the socket held no more than this: epoll says when more comes (no EAGAIN read)
 
     def _recv(self, view: memoryview) -> int | None:
         try:

@@ -220,10 +220,12 @@ class TxStamps(FrameLog):
         except OSError:
             return None
 
-    def drain(self) -> int:
-        """Read every stamp queued (never blocks); the number of messages read."""
+    def drain(self, most: int | None = None) -> int:
+        """Read the stamps queued, `most` messages at most (never blocks); the number read. An
+        epoll loop reads one per EPOLLERR (epoll reports it again while more wait), which
+        spares the read that finds the queue empty."""
         n = 0
-        while True:
+        while most is None or n < most:
             try:
                 _, anc, _, _ = self.sock.recvmsg(0, 256, _ERRQ)
             except (BlockingIOError, InterruptedError):
@@ -242,6 +244,7 @@ class TxStamps(FrameLog):
                         key = None
             if t is not None and key is not None:
                 self.stamped(key, t)
+        return n
 
     def wait_writable(self, timeout_s: float) -> bool:
         """Connection.wait_writable for a stamped socket: whenever poll() reports POLLERR the
