@@ -61,7 +61,7 @@ from schedulers.transport.txstamps import TxStamps
 
 MAX_ABORT_TEXT = 1 << 20   # an ABORT's reason longer than this is a protocol error
 FRAMES_PER_READ = 64       # frames read from one peer before the loop looks at the others
-POLL_MAX_S = 0.05          # the longest wait, so that a stop is seen soon
+POLL_MAX_S = 0.05          # the longest wait: done() is asked at least this often
 _STOP = (float("inf"),)
 _IN, _OUT = select.EPOLLIN | select.EPOLLRDHUP, select.EPOLLOUT
 
@@ -172,10 +172,6 @@ class Peer:
             heapq.heappush(self._heap, (_STOP, next(self._seq), None))
             self._closing = True
         self._update()
-
-    @property
-    def sending(self) -> bool:
-        return self._cur is not None or bool(self._heap)
 
     def _update(self) -> None:
         """Ask epoll for EPOLLOUT exactly while there is something we may write now."""
@@ -502,11 +498,9 @@ class Loop:
             except OSError:
                 pass
 
-    def run(self, done: Callable[[], bool], stop: Callable[[], bool] = lambda: False) -> None:
+    def run(self, done: Callable[[], bool]) -> None:
         self._thread = threading.get_ident()
         while not done():
-            if stop():
-                raise CommError("stopped")
             timeout = POLL_MAX_S
             if self.timed:
                 first = min(p.held_until if p.held_until is not None else p._host_deadline for p in self.timed)
