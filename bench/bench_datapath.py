@@ -50,20 +50,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from emu.testbed.procstat import find_roles, parse_stat
+
 REPO = Path(__file__).resolve().parents[1]
 NAME = "bench-datapath"
 TICK = os.sysconf("SC_CLK_TCK")
 IPERF_PORT = 5301
 
 # ---------------------------------------------------------------------------- pure parts
-
-
-def parse_stat(text: str) -> tuple[int, int]:
-    """(utime, stime) in clock ticks from the text of /proc/<pid>/stat. The command name (field 2)
-    is in parentheses and may hold spaces and parentheses itself: fields count from the last ')'."""
-    rest = text.rsplit(")", 1)[1].split()
-    # rest[0] is field 3 (state); utime and stime are fields 14 and 15
-    return int(rest[11]), int(rest[12])
 
 
 def per_gbit(cpu_s: float, nbytes: float) -> float:
@@ -233,7 +227,7 @@ def iterations_for(scheduler_family: str, workers: int, grad_bytes: float, mbps:
 def read_cpu(pid: int) -> tuple[int, int, int] | None:
     """(utime, stime, context switches of all its threads) of a process; None once it is gone."""
     try:
-        user, system = parse_stat(Path(f"/proc/{pid}/stat").read_text())
+        user, system = parse_stat(Path(f"/proc/{pid}/stat").read_text())   # emu/testbed/procstat.py
         switches = 0
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
@@ -243,23 +237,6 @@ def read_cpu(pid: int) -> tuple[int, int, int] | None:
         return user, system, switches
     except (OSError, IndexError, ValueError):
         return None
-
-
-def find_roles(marker: str) -> dict[str, int]:
-    """Role name -> pid of every Python process whose command line names a file under `marker`
-    (a run's roles/ directory): `python -m workloads.worker .../roles/worker0.json`."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            argv = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        args = [a.decode(errors="replace") for a in argv if a]
-        if args and Path(args[0]).name.startswith("python") and args[-1].startswith(marker):
-            out[Path(args[-1]).stem] = int(d)
-    return out
 
 
 class Sampler:

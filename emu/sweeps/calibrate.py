@@ -23,7 +23,6 @@ $XDG_CACHE_HOME/schedlab, else ~/.cache/schedlab. Deleting the file calibrates a
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import fcntl
 import hashlib
@@ -48,6 +47,7 @@ from emu.config.autodilation import RoleSample, SchedulerCost, combine, derive, 
 from emu.config.experiment import Experiment
 from emu.run.runner import REPO, machine, run_one
 from emu.testbed.cleanup import StateDir
+from emu.testbed.procstat import find_roles, process_ticks
 
 CACHE_ENV = "SCHEDLAB_CACHE_DIR"
 FORMAT = 4   # of the cache file: a new format is a new file
@@ -362,24 +362,8 @@ def _link_bytes(links: pd.DataFrame, label: str, a: float, b: float) -> float:
 
 def _ticks(pid: int | str) -> int | None:
     """utime + stime of a process (all its threads), in clock ticks; None once it is gone."""
-    try:
-        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(rest[11]) + int(rest[12])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def find_roles(marker: str) -> dict[str, int]:
-    """Role name -> pid of each Python process whose last argument is a spec file under `marker`."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            args = [a.decode(errors="replace") for a in Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0") if a]
-            if args and Path(args[0]).name.startswith("python") and args[-1].startswith(marker):
-                out[Path(args[-1]).stem] = int(d)
-    return out
+    got = process_ticks(pid)
+    return None if got is None else sum(got)
 
 
 SAMPLE_S = 0.5                              # reading every process's stat costs about 1% of a core at 2 Hz

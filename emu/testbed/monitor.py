@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from emu.testbed.procstat import parse_stat
+
 TICK = os.sysconf("SC_CLK_TCK")
 # /proc/stat counts in ticks of 1/TICK s (10 ms), so a finer CPU sample is noise; reading it
 # (the kernel formats every CPU's and interrupt's counters) costs about 1% of a core at 100 Hz.
@@ -49,8 +51,7 @@ def _next_tick(t0: float, every: float, now: float) -> float:
 
 
 def _self_cpu() -> float:
-    st = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(st[11]) + int(st[12])) / TICK
+    return sum(parse_stat(Path("/proc/self/stat").read_text())) / TICK
 
 
 class _CpuSampler:
