@@ -79,24 +79,22 @@ MAX_FRAME_BYTES = 1 << 31  # a bigger push is a protocol error, not an allocatio
 
 class BufferPool:
     """Free float32 arrays by size: receive buffers and sums are taken here and given back
-    once written out, so steady-state iterations neither allocate nor page-fault."""
+    once written out, so steady-state iterations neither allocate nor page-fault. Only the
+    server's loop thread uses it (a frame's on_sent runs there too), so it takes no lock."""
 
     def __init__(self):
         self._free: dict[int, list[np.ndarray]] = {}
-        self._lock = threading.Lock()
         self.allocated = 0  # arrays ever created: flat after the first iterations
 
     def take(self, numel: int) -> np.ndarray:
-        with self._lock:
-            free = self._free.get(numel)
-            if free:
-                return free.pop()
-            self.allocated += 1
+        free = self._free.get(numel)
+        if free:
+            return free.pop()
+        self.allocated += 1
         return np.empty(numel, dtype=np.float32)
 
     def give(self, arr: np.ndarray) -> None:
-        with self._lock:
-            self._free.setdefault(arr.size, []).append(arr)
+        self._free.setdefault(arr.size, []).append(arr)
 
 
 @dataclass
