@@ -14,12 +14,14 @@ from schedulers.core.base import CommError
 
 class Failure:
     """`cv` is also the scheduler's own lock and condition, so whatever waits for progress
-    wakes on a failure too. Set `closing` (holding `cv`) when the role closes on purpose:
+    wakes on a failure too (`lock` is its lock: `with lock:` is a C call, `with cv:` a Python
+    one, which a per-frame path notices). Set `closing` (holding `cv`) when the role closes on purpose:
     from then on a peer that hangs up is expected, and nothing more is kept."""
 
     def __init__(self, who: str | None = None):
         """who: prefixed to the message ("worker 3: ..."); None for none."""
-        self.cv = threading.Condition()
+        self.lock = threading.RLock()           # cv's lock, for a hot path that need not wait or notify
+        self.cv = threading.Condition(self.lock)
         self.reason: str | None = None
         self.closing = False
         self._who = who

@@ -148,6 +148,7 @@ class PSBase(Scheduler):
         super().__init__(ctx, params)
         self._failure = Failure()
         self._cv = self._failure.cv
+        self._lock = self._failure.lock   # _cv's lock: the per-frame paths take it without the Condition's Python
         self._done_it: dict[int, int] = {}     # key -> last iteration whose result is complete
         self.conns: list[Connection] = []
         self.loop = Loop(self)
@@ -383,7 +384,7 @@ class PSScheduler(PSBase):
         """Move queued tasks to their server in priority order while credit allows (on the
         I/O thread, after each round: a push woke it, or an ACK returned credit)."""
         moved = []
-        with self._cv:
+        with self._lock:
             if self._failure.closing or self._failure.failed:
                 return
             while self._may_send():
@@ -403,7 +404,7 @@ class PSScheduler(PSBase):
         return credit is None or inflight == 0 or inflight + self._queue[0][3].numel <= credit
 
     def _task(self, conn: Connection, h: Header) -> CommTask:
-        with self._cv:
+        with self._lock:
             task = self._inflight.get((h.key, h.chunk, h.it))
         if task is None:
             raise CommError(f"{conn.peer} sent {h.kind.name} for unknown slot {h.key}/{h.chunk}/it {h.it}")
@@ -435,11 +436,11 @@ class PSScheduler(PSBase):
         # Credit is returned when the server has the push, not when the pull completes:
         # the pull waits for the slowest worker, and workers that started different
         # partitions would otherwise each hold credit the others wait for (deadlock).
-        with self._cv:
+        with self._lock:
             self._inflight_numel -= task.numel
 
     def _finish(self, task: CommTask) -> None:
-        with self._cv:
+        with self._lock:
             task.data = task.data[:0]  # drop the reference to the gradient
             del self._inflight[(task.key, task.chunk, task.it)]
             self._pending[task.key] -= 1
@@ -459,7 +460,7 @@ class KeyState:
     starts: list[bool]        # whether each slice's push starts a message (pays the start-up cost)
     it: int = -1
     missing: int = 0
-    got: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    got: bytearray = field(default_factory=bytearray)   # 1 where a slice's result is in
 
 
 class PushScheduler(PSBase):
@@ -494,7 +495,7 @@ class PushScheduler(PSBase):
         servers = self.layout(tensors, sizes)
         self._keys = {t.key: KeyState(t.priority, step, sizes[t.key], servers[t.key],
                                       self.starts_message(servers[t.key]),
-                                      got=np.zeros(len(sizes[t.key]), bool)) for t in tensors}
+                                      got=bytearray(len(sizes[t.key]))) for t in tensors}
         self._connect()
 
     def _starts_message(self, key: int, chunk: int) -> bool:
@@ -508,7 +509,7 @@ class PushScheduler(PSBase):
             if st.missing:
                 raise CommError(f"key {key}: iteration {it} pushed before iteration {st.it} came back")
             st.it, st.missing = it, len(st.sizes)
-            st.got[:] = False
+            st.got = bytearray(len(st.sizes))
         batches: dict[int, list[tuple]] = {}
         for c, n in enumerate(st.sizes):
             off = c * st.step
@@ -522,7 +523,7 @@ class PushScheduler(PSBase):
         if h.kind != Kind.RESULT or st is None:
             raise CommError(f"{conn.peer} sent unexpected {h.kind.name} for key {h.key}")
         c = h.chunk
-        with self._cv:
+        with self._lock:
             ok = (h.it == st.it and st.missing and 0 <= c < len(st.sizes) and not st.got[c]
                   and st.servers[c] == s and h.nbytes == 4 * st.sizes[c])
         if not ok:
@@ -539,8 +540,8 @@ class PushScheduler(PSBase):
         st = self._expected(s, conn, h) if not h.nbytes else self._keys[h.key]   # with a payload: checked already
         c = h.chunk
         self.event("recv", h.key, c, h.it)
-        with self._cv:
-            st.got[c] = True
+        with self._lock:
+            st.got[c] = 1
             st.missing -= 1
             if st.missing == 0:
                 self._complete(h.key, h.it)

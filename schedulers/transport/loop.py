@@ -64,6 +64,7 @@ FRAMES_PER_READ = 64       # frames read from one peer before the loop looks at 
 POLL_MAX_S = 0.05          # the longest wait: done() is asked at least this often
 _STOP = (float("inf"),)
 _IN, _OUT = select.EPOLLIN | select.EPOLLRDHUP, select.EPOLLOUT
+_KINDS = {k.value: k for k in Kind}
 
 
 class PeerError(CommError):
@@ -127,6 +128,8 @@ class Peer:
         self._retuned = 0.0
         self._host_blocked = False                 # waiting for the host's queue to drain ...
         self._host_deadline: float | None = None   # ... until this instant at most
+        self._host_lim = MIN_HOST_QUEUE            # the host's queue bound, bytes (from the rate, at each retune)
+        self._lowat_follows = False                # a host queue under its bound implies EPOLLOUT (see _retuned_to)
         self.hold: int | None = None               # tests: picks allowed (None: no hold)
         self._mask = _IN
         self._wpoll = select.poll()
@@ -220,6 +223,7 @@ class Peer:
         if now - self._retuned >= RETUNE_S:
             self.conn.retune(backlogged=not self._went_idle)
             self._retuned, self._went_idle = now, False
+            self._retuned_to()
         # The stamps are read as epoll reports them (EPOLLERR, `stamps_came`), not here: one
         # that came since is seen in the next round.
         if self.host_queue_s is not None and self._heap[0][0] != _STOP and self._host_full(now):
@@ -255,7 +259,7 @@ class Peer:
     def _host_full(self, now: float) -> bool:
         """Whether the bytes written that have not left the host are over the bound, and the
         wait for them (HOST_WAIT_MAX_S from when it began) is not over: then blocked."""
-        if self.stamps.host_bytes() <= self._host_limit():
+        if self.stamps.host_bytes() <= self._host_lim:
             return False
         if self._host_deadline is None:
             self._host_deadline = now + HOST_WAIT_MAX_S
@@ -265,8 +269,16 @@ class Peer:
         self.loop.timed.add(self)
         return True
 
-    def _host_limit(self) -> int:
-        return max(MIN_HOST_QUEUE, int(self.conn.rate() * self.host_queue_s))
+    def _retuned_to(self) -> None:
+        """After a retune: the host's queue bound from the new rate, and whether it is below
+        TCP_NOTSENT_LOWAT. Then a host queue under its bound means the kernel wants bytes
+        (its unsent bytes are part of that queue: every byte stamped as gone was sent), so
+        `stamps_came` needs no poll to find out. At worst the kernel's send buffer is full
+        and the write takes less, or none, and EPOLLOUT says when to go on."""
+        if self.host_queue_s is not None:
+            self._host_lim = max(MIN_HOST_QUEUE, int(self.conn.rate() * self.host_queue_s))
+        lowat = self.conn.lowat
+        self._lowat_follows = bool(lowat) and self._host_lim < lowat
 
     def _write(self) -> None:
         if self._cur_frame is not None:   # the frame's first byte goes to the socket now
@@ -298,7 +310,8 @@ class Peer:
     def _kernel_wants(self) -> bool:
         """Whether the kernel wants more bytes now (what EPOLLOUT says: unsent bytes under
         TCP_NOTSENT_LOWAT), asked with a poll() of this socket alone."""
-        return any(ev & select.POLLOUT for _, ev in self._wpoll.poll(0))
+        ev = self._wpoll.poll(0)
+        return bool(ev) and bool(ev[0][1] & select.POLLOUT)
 
     def _bye(self) -> None:
         self.bye_sent = True
@@ -317,10 +330,11 @@ class Peer:
     def stamps_came(self) -> None:
         """EPOLLERR: read the transmit stamps; with none to read, the socket has an error."""
         if self.stamps is not None and self.stamps.drain(most=1):
-            if self._host_blocked and self.stamps.host_bytes() <= self._host_limit():
+            if self._host_blocked and self.stamps.host_bytes() <= self._host_lim:
                 self._host_blocked, self._host_deadline = False, None
                 self.loop.timed.discard(self)
-                if self._cur is None and self.held_until is None and self.hold != 0 and self._kernel_wants():
+                if (self._cur is None and self.held_until is None and self.hold != 0
+                        and (self._lowat_follows or self._kernel_wants())):
                     self._send()   # the next frame now, not after a round that asks epoll for EPOLLOUT
                 self._update()
             return
@@ -418,10 +432,10 @@ class Peer:
 
     def _parse(self) -> Header:
         kind, _flags, sender, key, chunk, it, priority, nbytes = HEADER.unpack(self._head)
-        try:
-            return Header(Kind(kind), sender, key, chunk, it, priority, nbytes)
-        except ValueError:
-            raise PeerError(f"{self.conn.peer}: bad frame kind {kind}", self.rank) from None
+        k = _KINDS.get(kind)
+        if k is None:
+            raise PeerError(f"{self.conn.peer}: bad frame kind {kind}", self.rank)
+        return Header(k, sender, key, chunk, it, priority, nbytes)
 
     def _abort_text(self, h: Header) -> bytearray:
         if h.nbytes > MAX_ABORT_TEXT:
@@ -501,7 +515,7 @@ class Loop:
     def run(self, done: Callable[[], bool]) -> None:
         self._thread = threading.get_ident()
         while not done():
-            timeout = POLL_MAX_S
+            timeout, first = POLL_MAX_S, None
             if self.timed:
                 first = min(p.held_until if p.held_until is not None else p._host_deadline for p in self.timed)
                 timeout = min(timeout, max(0.0, first - time.monotonic()))
@@ -523,7 +537,9 @@ class Loop:
                     peer.writable()
             if self.after_round is not None:
                 self.after_round()
-            if self.timed:
+            if first is not None and self.timed and time.monotonic() >= first:
+                # Only then can a wait be over (one added during this round ends later; the
+                # next wait's timeout covers it).
                 now = time.monotonic()
                 for peer in list(self.timed):
                     if peer.held_until is not None:
