@@ -105,6 +105,19 @@ def _bound(run: pd.Series) -> float:
     return float(run["bound_s"])
 
 
+def network_labels(runs: pd.DataFrame, sweep_dir: Path) -> dict[str, str]:
+    """run id -> its network's short label (as `compare` names networks); runs without a config.yaml left out."""
+    ids, cfgs = {}, {}
+    for run_id in runs["run_id"]:
+        path = Path(sweep_dir) / run_id / "config.yaml"
+        if path.exists():
+            cfg = yaml.safe_load(path.read_text())
+            ids[run_id] = _network_id(cfg)
+            cfgs.setdefault(ids[run_id], cfg)
+    labels = _labels(cfgs)
+    return {r: labels[i] for r, i in ids.items()}
+
+
 def compare(runs: pd.DataFrame, sweep_dir: Path) -> pd.DataFrame:
     """One row per (network point, baseline variant) that has a measured-bandwidth forest run:
     predicted and measured forest/baseline ratios. Empty without such pairs."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import bounds as bounds_mod
-from analysis import catalog, fidelity, forest_compare, physics, plots, startup
+from analysis import catalog, fidelity, forest_compare, forest_trees, physics, plots, startup
 from analysis import claims as claims_mod
 from analysis import faults as faults_mod
 from analysis import incast as incast_mod
@@ -375,6 +375,49 @@ def _forest(runs: pd.DataFrame, sweep_dir: Path, out_dir: Path) -> list[str]:
     return out
 
 
+def _forest_trees(runs: pd.DataFrame, sweep_dir: Path) -> list[str]:
+    """Per forest run: each tree's planned against achieved rate and who set the iterations
+    (analysis/forest_trees.py, from the run's scheduler_info.json); nothing where no run kept the record."""
+    names = runs["scheduler_name"] if "scheduler_name" in runs else runs["scheduler"]
+    forest = runs[names == "forest"]
+    if forest.empty:
+        return []
+    labels = forest_compare.network_labels(forest, sweep_dir)
+    per_run, per_tree = [], []
+    for _, run in forest.iterrows():
+        warmup = int(run.get("workload.warmup", 0) or 0)
+        s = forest_trees.run_summary(Path(sweep_dir) / run["run_id"], warmup)
+        if s is None:
+            continue
+        where = {"network": labels.get(run["run_id"], run["run_id"]),
+                 "bandwidth": run.get("schedulers.forest.bandwidth") or "measured"}
+        eff = run.get("efficiency")
+        per_run.append({**where, "efficiency": "" if eff is None or pd.isna(eff) else f"{eff:.2f}",
+                        "trees": len(s["trees"]), "set by tree": f"{s['setter_tree']} ({s['setter_share']})",
+                        "its achieved / planned": f"{s['setter_of_planned']:.2f}",
+                        "its slowest edge": s["setter_edge"], "links (tightest first)": s["setter_links"],
+                        "physics violations": s["physics_violations"], "workers in record": s["ranks"]})
+        for t in s["trees"].itertuples():
+            per_tree.append({**where, "epoch": t.epoch, "tree": t.tree, "root": t.root, "depth": t.depth,
+                             "fraction": f"{t.fraction:.3f}", "planned Mb/s": f"{t.planned_bps / 1e6:.1f}",
+                             "achieved Mb/s": f"{t.achieved_bps / 1e6:.1f}", "of planned": f"{t.of_planned:.2f}",
+                             "finish ms": f"{t.finish_s * 1e3:.0f}",
+                             "set iterations": f"{t.set_iterations}/{t.iterations}", "slowest edge": t.slowest_edge,
+                             "edge Mb/s": f"{t.slowest_bps / 1e6:.1f}", "links": t.slowest_links})
+    if not per_run:
+        return []
+    return ["## Forest trees: planned against achieved", "",
+            "Per forest run, over the measured iterations (the run's scheduler_info.json `trees`; "
+            "analysis/forest_trees.py). A tree's achieved rate is its slice of the gradient over the time from "
+            "the iteration's first push to its last average at its last worker: on plan, every tree finishes "
+            "together at achieved = planned. The tree that finishes last sets the iteration; its slowest edge "
+            "(the rate of its stream there, first frame to last) and that edge's links, the plan's tightest "
+            "first, say where it was held back. Physics violations: iterations in which the tree edges crossing a "
+            "link carried more than its configured rate (a measurement bug).", "",
+            md_table(pd.DataFrame(per_run), "forest_trees_runs"), "",
+            md_table(pd.DataFrame(per_tree), "forest_trees"), ""]
+
+
 def _replan(sweep_dir: Path, out_dir: Path) -> list[str]:
     """The re-planning figure, where a forest re-planned (nothing otherwise)."""
     try:
@@ -599,6 +642,7 @@ def _write_report(sweep_dir: Path, out_dir: Path, baseline: str | None) -> Path:
             continue
         md += [f"![{heading}]({png.name})", "", f"{caption} {_figure_note(png)}", ""]
     md += _forest(runs, sweep_dir, out_dir)
+    md += _forest_trees(runs, sweep_dir)
     md += _replan(sweep_dir, out_dir)
     md += _startup(runs, iters, sweep_dir, out_dir)
     md += _faults(runs_all, sweep_dir, out_dir)

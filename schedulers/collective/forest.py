@@ -43,9 +43,19 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from contracts.forest_trees import KEY as TREES_KEY
+from contracts.forest_trees import ForestTrees
 from schedulers.api import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.collective.bandwidth import skeleton, structure
 from schedulers.collective.forest_plan import DEFAULT_EPSILON, ForestPlan, Tree, plan_forest
+from schedulers.collective.forest_record import (
+    BROADCAST,
+    REDUCE,
+    TreeRecorder,
+    configured_rates,
+    epoch_plan,
+    gather_tree,
+)
 from schedulers.collective.forest_replan import PROBE_FRAME, Replanner
 from schedulers.core.failure import Failure
 from schedulers.transport.connection import Connection, Kind, Outbox, stream_chunk_numel
@@ -146,8 +156,12 @@ class Forest(Scheduler):
         hosts = [w.host for w in ctx.workers]
         self.replanner: Replanner | None = None
         self.plans: list[dict[str, Any]] = []   # every plan's record: when, why, on what rates
+        self.record = TreeRecorder(self.rank)   # what each tree achieved (forest_record.py); observes only
+        self._configured = configured_rates(ctx.topology)
+        self._records_in: dict[int, ForestTrees] = {}   # close(): the gather tree's children's records
+        graph, nodes, model = structure(ctx.topology, hosts)
+        self._model = model
         if params.bandwidth == "measured" and self.n > 1:
-            graph, nodes, model = structure(ctx.topology, hosts)
             self.replanner = Replanner(self, graph, nodes, model, params.probe_s, params.replan_threshold,
                                        params.epsilon, assumed=graph is not ctx.topology)
             self._fingerprint = zlib.crc32(json.dumps(["measured", hosts, skeleton(ctx.topology)]).encode())
@@ -159,6 +173,7 @@ class Forest(Scheduler):
             plan = _cached_plan(topo, tuple(hosts), params.epsilon)
             self._fingerprint = plan.digest()
             self._set_plan(plan)
+            self.record.add_plan(epoch_plan(0, plan, model, None, self._configured))
             self.peers = sorted({p for p in self.parent if p >= 0} | {c for cs in self.children for c in cs})
         self._failure = Failure(f"worker {self.rank}")
         self._cv = self._failure.cv
@@ -178,7 +193,8 @@ class Forest(Scheduler):
     # ------------------------------------------------------------------ setup
     def info(self) -> dict[str, Any]:
         trace = self.replanner.trace if self.replanner is not None else []
-        return {"plan": self.plan, "plans": self.plans, "allreduce_s": trace}
+        return {"plan": self.plan, "plans": self.plans, "allreduce_s": trace,
+                TREES_KEY: self.record.record().model_dump(mode="json")}
 
     def _set_plan(self, plan: ForestPlan) -> None:
         self._plan = plan
@@ -193,6 +209,9 @@ class Forest(Scheduler):
             raise CommError(f"a new plan arrived with chunks of iterations {sorted(self._pending)} in flight")
         self._set_plan(plan)
         self.plans.append(record)
+        assumed = record.get("capacity_bps") or {}
+        capacity = [assumed.get(f"{u}>{v}", float("nan")) for u, v in self._model.links]
+        self.record.add_plan(epoch_plan(len(self.record.plans), plan, self._model, capacity, self._configured))
         self.chunks = layout(list(self.specs.values()), [t.fraction for t in self.trees],
                              self.params.chunk_numel, self.params.slice_chunks)
         self._keys = sum(1 for c in self.chunks.values() if c)
@@ -304,6 +323,7 @@ class Forest(Scheduler):
             if it <= self._pushed[key]:
                 raise ValueError(f"key {key}: pushed iteration {it} after {self._pushed[key]}")
             self._pushed[key] = it
+            self.record.pushed(it, len(self.record.plans) - 1)
             self._iter_left.setdefault(it, self._keys)
             if self.replanner is not None:
                 self.replanner.pushed(it)
@@ -346,12 +366,49 @@ class Forest(Scheduler):
             return
         if failed:
             return
-        for ob in self.outboxes.values():
-            ob.close()
+        up, down = self._gather_tree()
+        for p, ob in self.outboxes.items():   # BYE at once to all but the gather parent: a peer still
+            if p != up:                       # working then fails as before, and we stop waiting for it
+                ob.close()
+        self._gather_records(up, down)
+        if up in self.outboxes:
+            self.outboxes[up].close()
         with self._cv:
             self._cv.wait_for(lambda: self._gone >= set(self.conns), self.ctx.connect_timeout_s)
         for conn in self.conns.values():
             conn.close()
+
+    def _gather_tree(self) -> tuple[int, list[int]]:
+        """Our parent (-1 at worker 0) and children in a BFS tree from worker 0 over the
+        connections (every pair under measured bandwidth, tree neighbours under configured)."""
+        if self.n < 2:
+            return -1, []
+        if self.replanner is not None:
+            adjacency = [set(range(self.n)) - {u} for u in range(self.n)]
+        else:
+            adjacency = [set() for _ in range(self.n)]
+            for t in self.trees:
+                for v, p in enumerate(t.parent):
+                    if p >= 0:
+                        adjacency[v].add(p)
+                        adjacency[p].add(v)
+        parent, children = gather_tree(self.n, adjacency)
+        return parent[self.rank], children[self.rank]
+
+    def _gather_records(self, up: int, mine: list[int]) -> None:
+        """Pass the per-tree records up the gather tree: wait for the children's (one that is
+        gone is left out), merge, send the sum to the parent, before its BYE. After the last
+        iteration, so it costs no iteration time."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._failure.failed or all(c in self._records_in or c in self._gone
+                                                                  for c in mine), self.ctx.connect_timeout_s)
+            for c in mine:
+                if c in self._records_in:
+                    self.record.merge(self._records_in.pop(c))
+            if self._failure.failed or up not in self.outboxes:
+                return
+        body = json.dumps({"t": TREES_KEY, "it": 0, "record": self.record.record().model_dump(mode="json")})
+        self.outboxes[up].put((-1,), Kind.CTRL, 0, 0, 0, np.frombuffer(body.encode(), np.uint8))
 
     # ------------------------------------------------------------------ data path
     def _add(self, key: int, c: int, it: int, src: int, data: np.ndarray) -> None:
@@ -390,6 +447,7 @@ class Forest(Scheduler):
             self.outboxes[child].put(self._order(key, ch, it), Kind.RESULT, key, c, it, avg,
                                      self.specs[key].priority)
         pending.discard(c)
+        self.record.delivered(it, ch.tree)
         if not pending:
             del self._pending[(key, it)]
             self._done[key] = it
@@ -423,16 +481,28 @@ class Forest(Scheduler):
                 if h.kind == Kind.PROBE:
                     conn.recv_into(memoryview(scratch)[:h.nbytes])
                     continue
-                if h.kind == Kind.CTRL and self.replanner is not None:
+                if h.kind == Kind.CTRL:
                     msg = json.loads(conn.recv_text(h.nbytes))
+                    if msg.get("t") == TREES_KEY:      # close(): a peer's per-tree record
+                        got = ForestTrees.model_validate(msg["record"])
+                        with self._cv:
+                            self._records_in[p] = got
+                            self._cv.notify_all()
+                        continue
+                    if self.replanner is None:
+                        raise CommError(f"{conn.peer} sent a control message {msg.get('t')!r} we do not expect")
                     with self._cv:
                         self.replanner.on_message(p, msg)
                     continue
                 if self.replanner is not None and self.replanner.busy is not None:
                     self.replanner.hold(h.it)   # a peer on the new plan: wait until we have it too
-                self._check_frame(conn, p, h)
+                ch = self._check_frame(conn, p, h)
+                first = time.time()
                 data = conn.recv_array(h.nbytes)
+                last = time.time()
                 with self._cv:
+                    self.record.frame(h.it, ch.tree, p, REDUCE if h.kind == Kind.PUSH else BROADCAST, h.nbytes,
+                                      first, last)
                     if h.kind == Kind.PUSH:
                         self._add(h.key, h.chunk, h.it, p, data)
                     elif h.chunk in self._pending.get((h.key, h.it), ()):
