@@ -130,15 +130,60 @@ def _iteration_bound(exp) -> float | None:
     return max(float(profile["iteration_s"]) / float(exp.workload.get("speedup", 1.0)), comm)
 
 
-def _dry_run(plan, results: str, force: bool, shard) -> None:
-    from emu.sweeps import dryrun
+def _workload_facts(exp):
+    """What the results-size model needs of the workload (emu/config/footprint.py), from its profile;
+    None where it has none."""
+    import json
 
-    text = dryrun.render(plan, dryrun.points(plan, Path(results), _iteration_bound, force=force, shard=shard),
-                         Path(results))
+    from emu.config.footprint import WorkloadFacts
+    from workloads.config import WorkloadConfig
+
+    try:
+        profile = json.loads(WorkloadConfig.model_validate(exp.workload).profile_path.read_text())
+        return WorkloadFacts(layers=len(profile["layers"]), grad_bytes=int(profile["grad_bytes"]),
+                             keys=sum(len(layer["keys"]) for layer in profile["layers"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _space(plan, results: str, force: bool, shard):
+    """The runs left and the free space where they go (emu/sweeps/space.py)."""
+    from emu.sweeps import dryrun, space
+
+    pts = dryrun.points(plan, Path(results), _iteration_bound, force=force, shard=shard, own_load=lambda: 0.0)
+    return space.estimate(plan, Path(results), pts, _workload_facts, force=force)
+
+
+def _dry_run(plan, results: str, force: bool, shard) -> None:
+    from emu.run.results import unwritable
+    from emu.sweeps import dryrun, space
+
+    pts = dryrun.points(plan, Path(results), _iteration_bound, force=force, shard=shard)
+    need = space.estimate(plan, Path(results), pts, _workload_facts, force=force)
+    text = dryrun.render(plan, pts, Path(results)) + f"\nresults size: {need.figures()}"
+    why = unwritable(Path(results) / plan.name)
+    if why is not None:
+        text += f"\nwarning: the results cannot be written: {why}"
+    if not need.fits:
+        text += f"\nwarning: this sweep cannot fit: {need.refusal()}"
     try:
         print(text, flush=True)
     except BrokenPipeError:  # `--dry-run | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _results_error(e, sweep_dir: Path) -> str:
+    """A ResultsError's line: the path and cause, then what is kept and what became of the run in flight."""
+    from emu.run.results import read_runs
+
+    try:
+        kept = f"{int((read_runs(sweep_dir)['status'] == 'ok').sum())} completed run(s) kept in runs.parquet" \
+            if (sweep_dir / "runs.parquet").exists() else "no runs.parquet"
+    except Exception:  # noqa: BLE001 - the line is what matters; an unreadable file says so
+        kept = "runs.parquet unreadable"
+    flight = "" if e.run_id is None else f", the run in flight ({e.run_id}) " + (
+        "recorded as failed" if e.recorded else "not recorded (no room for its row)")
+    return f"error: results: {e} ({kept}{flight}; no network left up)"
 
 
 def _run_config(config: str, overrides: list[str], results: str, force: bool, shard: str | None = None,
@@ -146,6 +191,7 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
     """Validate, check against this machine, run and report a config; returns its plan."""
     from emu.config.experiment import ConfigError
     from emu.config.plan import load_plan
+    from emu.run.results import ResultsError
     from emu.testbed import preflight
 
     try:
@@ -164,27 +210,43 @@ def _run_config(config: str, overrides: list[str], results: str, force: bool, sh
     if dry_run:
         _dry_run(plan, results, force, shard_)
         return plan
+    from emu.run.results import unwritable
+
+    why = unwritable(Path(results) / plan.name)
+    if why is not None:
+        raise Exit(f"error: results: {why}", code=2)
+    need = _space(plan, results, force, shard_)
+    if not need.fits:
+        raise Exit(f"error: {need.refusal()}", code=2)
     if not remote:
         _need_root("run")
     if ray is not None:
         _ensure_ray()
     from emu.sweeps.sweep import run_plan
 
+    sweep_dir = Path(results) / plan.name
     try:
-        if ray is None:
-            rows = run_plan(plan, Path(results), force=force, shard=shard_)
-        else:
-            from emu.sweeps.raysweep import run_plan_on_ray
+        try:
+            if ray is None:
+                rows = run_plan(plan, Path(results), force=force, shard=shard_)
+            else:
+                from emu.sweeps.raysweep import run_plan_on_ray
 
-            rows = run_plan_on_ray(plan, Path(results), ray, force=force, shard=shard_)
+                rows = run_plan_on_ray(plan, Path(results), ray, force=force, shard=shard_)
+        finally:
+            try:
+                _add_bounds(sweep_dir)
+            except ResultsError:
+                if sys.exc_info()[0] is None:   # nothing else went wrong: this is the error
+                    raise
     except ConfigError as e:
         raise Exit(f"error: {e}", code=2) from None
+    except ResultsError as e:
+        raise Exit(_results_error(e, sweep_dir), code=2) from None
     except KeyboardInterrupt:
         raise Exit("interrupted: network torn down, finished runs kept, this run recorded as interrupted"
                    if ray is None else "interrupted: runs left cancelled (their networks torn down), finished runs "
                    "kept; the same command resumes the sweep", code=130) from None
-    finally:
-        _add_bounds(Path(results) / plan.name)
     failed = [r for r in rows if r["status"] != "ok"]
     if failed:
         raise Exit(f"error: {len(failed)} of {len(rows)} run(s) failed; see 'reason' in "
@@ -259,8 +321,12 @@ def tune(c, config, scheduler=None, budget=None, set=None, results=str(RESULTS),
         raise Exit(f"error: {e}", code=2) from None
     _need_root("tune")
     tune_dir = Path(results) / spec.name
+    from emu.run.results import ResultsError
+
     try:
         rec = do_tune(spec, Path(results))
+    except ResultsError as e:
+        raise Exit(_results_error(e, tune_dir), code=2) from None
     except KeyboardInterrupt:
         raise Exit(f"interrupted: finished trials kept in {tune_dir}; the same command resumes the tune",
                    code=130) from None

@@ -44,7 +44,15 @@ from emu.config.dilation import (
 from emu.config.experiment import NETLINK_QDISC_INTERVAL_S, Experiment
 from emu.run.faults import FaultOps, Faults
 from emu.run.faults import costs as fault_costs
-from emu.run.results import flatten, record_run, write_parquet, write_text
+from emu.run.results import (
+    ResultsError,
+    flatten,
+    in_results,
+    record_run,
+    remove_temporaries,
+    write_parquet,
+    write_text,
+)
 from emu.run.watchdog import Evidence, Peers, Stall, Watchdog, proc_state
 from emu.run.watchdog import reason as stall_reason
 from emu.testbed.cleanup import StateDir
@@ -314,21 +322,9 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
     run_id = exp.run_id(repeat)
     sweep_dir = results_root / exp.name
     run_dir = sweep_dir / run_id
-    if run_dir.exists():
-        shutil.rmtree(run_dir)  # what an interrupted earlier attempt left
-    log_dir, rec_dir, spec_dir = run_dir / "logs", run_dir / "records", run_dir / "roles"
-    for d in (log_dir, rec_dir, spec_dir):
-        d.mkdir(parents=True)
-    write_text(run_dir / "config.yaml", yaml.safe_dump(exp.resolved(), sort_keys=False))
     # What the registry says about the scheduler goes with the run (row and meta.json), so that
     # analysis of stored results needs no scheduler's code; not in config.yaml, not in the run id.
     declared = {} if exp.scheduler_info is None else {SCHEDULER_METADATA: exp.scheduler_info.model_dump(mode="json")}
-    # Plugins' code is part of the run (and its id): their identities in meta.json, their files copied.
-    plugins = {"plugins": [p.model_dump(mode="json") for p in exp.plugins]} if exp.plugins else {}
-    chosen = {"time_dilation": wall.k} if exp.auto_dilation else {}   # analysis/capacity.py reads it
-    write_text(run_dir / "meta.json", json.dumps({"run_id": run_id, "repeat": repeat, **environment(), **declared,
-                                                  **plugins, **chosen}, indent=2))
-    _copy_plugins(exp, run_dir)
 
     # Under time dilation the testbed runs `wall` (emu/config/dilation.py); every table and metric is
     # converted back to emulated time as it is collected. wall_s, bringup_s and teardown_s
@@ -339,7 +335,9 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
                            **{k: json.dumps(v) for k, v in declared.items()}, **(extra or {})}
     t0 = time.monotonic()
     tables: dict[str, pd.DataFrame] = {}
+    failure: ResultsError | None = None   # the results directory could not take a write
     try:
+        _start_run_dir(exp, repeat, run_dir, wall, declared)
         backend = backend_for(exp.monitor.backend)
         row["monitor_backend"] = backend
         # timeout_s bounds bring-up and Mininet's teardown too, each on its own (the roles' is below)
@@ -365,17 +363,64 @@ def run_one(exp: Experiment, repeat: int, results_root: Path, state: StateDir,
         row.update(status="interrupted", reason=f"interrupted ({str(e) or 'signal SIGINT'})")
         raise
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised for the traceback
-        row.update(status="failed", reason=f"harness error: {type(e).__name__}: {e}")
-        raise
+        failure = in_results(e, sweep_dir)
+        if failure is None:
+            row.update(status="failed", reason=f"harness error: {type(e).__name__}: {e}")
+            raise
+        row.update(status="failed", reason=f"results: {failure}")
     finally:
         row["wall_s"] = time.monotonic() - t0
         if "links" in tables and "fidelity_ok" not in row:
             row.update(_net_summary(exp, tables, None))
-        for name, df in tables.items():
-            if len(df):
-                write_parquet(df.assign(run_id=run_id)[["run_id", *df.columns]], run_dir / f"{name}.parquet")
-        record_run(sweep_dir, row)
+        failure = _save(sweep_dir, run_dir, tables, row, failure)
+    if failure is not None:
+        raise failure
     return row
+
+
+def _start_run_dir(exp: Experiment, repeat: int, run_dir: Path, wall: WallPlan, declared: dict) -> None:
+    """The run's directory made anew (what an interrupted earlier attempt left goes; the sweep's
+    claim on the run says no one else is writing it), with config.yaml, meta.json and the plugins."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    for d in (run_dir / "logs", run_dir / "records", run_dir / "roles"):
+        d.mkdir(parents=True)
+    write_text(run_dir / "config.yaml", yaml.safe_dump(exp.resolved(), sort_keys=False))
+    # Plugins' code is part of the run (and its id): their identities in meta.json, their files copied.
+    plugins = {"plugins": [p.model_dump(mode="json") for p in exp.plugins]} if exp.plugins else {}
+    chosen = {"time_dilation": wall.k} if exp.auto_dilation else {}   # analysis/capacity.py reads it
+    write_text(run_dir / "meta.json", json.dumps({"run_id": exp.run_id(repeat), "repeat": repeat, **environment(),
+                                                  **declared, **plugins, **chosen}, indent=2))
+    _copy_plugins(exp, run_dir)
+
+
+def _save(sweep_dir: Path, run_dir: Path, tables: dict[str, pd.DataFrame], row: dict,
+          failure: ResultsError | None) -> ResultsError | None:
+    """The run's tables and its row, as far as the results directory takes them: after the first
+    write it refuses, no more tables (the row matters more), and the row is tried anyway, with that
+    write's reason. Returns the results directory's error (with whether the row got in), if any."""
+    for name, df in tables.items():
+        if failure is not None:
+            break
+        if len(df):
+            try:
+                write_parquet(df.assign(run_id=row["run_id"])[["run_id", *df.columns]], run_dir / f"{name}.parquet")
+            except ResultsError as e:
+                failure = in_results(e, sweep_dir) or e
+    if failure is not None or row["status"] != "ok":
+        remove_temporaries(run_dir)   # what a write cut short left holds space the row may need
+    if failure is not None and f"results: {failure}" not in row["reason"]:
+        why = f"results: {failure}"
+        row.update(status="failed" if row["status"] != "interrupted" else row["status"],
+                   reason=f"{row['reason']}; {why}" if row["reason"] and row["status"] != "ok" else why)
+    try:
+        record_run(sweep_dir, row, create=False)   # a sweep directory removed meanwhile is not made again
+        recorded = True
+    except ResultsError as e:
+        failure, recorded = failure or in_results(e, sweep_dir) or e, False
+    if failure is not None:
+        failure.run_id, failure.recorded = row["run_id"], recorded
+    return failure
 
 
 def _gather(exp: Experiment, run_dir: Path, wall: WallPlan, t0_wall: float, tables: dict[str, pd.DataFrame],

@@ -48,6 +48,7 @@ class Point:
     run_s: float | None   # estimated wall time of one run
     basis: str            # "earlier runs", "bound" or "unknown"
     k: str = "1"          # time dilation: the number, or "auto: 3" (the choice here), "auto: not calibrated"
+    ids: tuple[str, ...] = ()   # its runs' ids (this shard's)
 
 
 def _earlier(sweep_dir: Path) -> pd.DataFrame:
@@ -102,7 +103,7 @@ def points(plan: Plan, results_root: Path, iteration_bound: IterationBound, forc
         k, k_text = autodilate.planned(exp, base)
         run_s, basis = _run_estimate(exp, ids, walls, setup_s, iteration_bound, k)
         out.append(Point(labels[id(exp)], treatment(exp, point), len(ids), sum(r in done for r in ids), run_s, basis,
-                         k_text))
+                         k_text, tuple(ids)))
     return out
 
 

@@ -35,8 +35,9 @@ from tqdm import tqdm
 
 from emu.config.experiment import ConfigError
 from emu.config.plan import Plan
-from emu.run.results import completed, flatten, read_runs, record_run
-from emu.sweeps.sweep import outcome, plan_runs, point_columns, run_label
+from emu.run.claims import Claim, Holder, try_claim
+from emu.run.results import ResultsError, check_dir, completed, flatten, in_results, make_dir, read_runs, record_run
+from emu.sweeps.sweep import outcome, plan_runs, point_columns, recorded, recorded_since, run_label
 from emu.testbed import preflight
 from emu.testbed.cleanup import StateDir, alive, start_time
 
@@ -45,6 +46,7 @@ RESOURCE = "emu"  # the custom resource a node offers once: {"emu": 1}
 MAX_RETRIES = 3  # attempts after a node or worker is lost (an error inside a run is a failed row, not a retry)
 CANCEL_GRACE_S = 60  # after Ctrl-C, how long cancelled runs get to tear their networks down
 NO_NODE_S = 120  # runs left and no node offering `emu` this long: the sweep stops
+CLAIM_POLL_S = 2.0  # how often a run another sweep holds is looked at again (its claim, then its row)
 # What a node does not need of the driver's tree (Ray also leaves out what .gitignore names).
 EXCLUDES = [".git", ".venv", "__pycache__", "results", "notebooks", "docs"]
 # Node-local results roots, one per Ray worker process (<pid>-<start time>): removed after each
@@ -258,10 +260,22 @@ def collect(ray, ref, sweep_dir: Path, exp, repeat: int, point: dict) -> tuple[d
         raise KeyboardInterrupt("cancelled") from None
     except ray.exceptions.RayError as e:
         row = failed_row(exp, repeat, point, f"ray: {type(e).__name__}: {_first_line(e)}")
-        record_run(sweep_dir, row)
+        record_run(sweep_dir, row, create=False)
         return row, []
-    unpack(res.tarball, sweep_dir / exp.run_id(repeat))
-    record_run(sweep_dir, res.row)
+    try:
+        check_dir(sweep_dir)   # never made again mid-sweep
+        unpack(res.tarball, sweep_dir / exp.run_id(repeat))
+    except (OSError, ResultsError) as e:   # the results directory cannot take it: the failed row where there is room
+        err = in_results(e, sweep_dir)
+        if err is None:
+            raise
+        shutil.rmtree(sweep_dir / exp.run_id(repeat), ignore_errors=True)   # no half-unpacked run
+        err.run_id, err.recorded = exp.run_id(repeat), False
+        with contextlib.suppress(OSError, ResultsError):
+            record_run(sweep_dir, {**res.row, "status": "failed", "reason": f"results: {err}"}, create=False)
+            err.recorded = True
+        raise err from None
+    record_run(sweep_dir, res.row, create=False)
     return res.row, res.cleaned
 
 
@@ -293,18 +307,68 @@ class Nodes:
             raise RuntimeError(f"no node offers the resource {RESOURCE!r} for {NO_NODE_S} s; runs left unrun")
 
 
-def _submit(ray, todo: list, done: set[str], sweep_dir: Path, labels: dict[int, str]) -> dict:
-    """A task per run not yet done; ref -> (label, exp, repeat, point). `labels`: id(experiment) -> its short label."""
-    task = ray.remote(run_on_node).options(resources={RESOURCE: 1}, num_cpus=1, max_retries=MAX_RETRIES,
-                                           retry_exceptions=False)
-    pending = {}
-    for i, (exp, repeat, point) in enumerate(todo, 1):
-        label = run_label(i, len(todo), exp, repeat, labels[id(exp)])
-        if exp.run_id(repeat) in done:
-            print(f"{label}: already in {sweep_dir}/runs.parquet, skipped", file=sys.stderr)
-            continue
-        pending[task.remote(exp, repeat, point)] = (label, exp, repeat, point)
-    return pending
+class Submitter:
+    """Submits the runs this driver claims (emu/run/claims.py): a run another sweep into the same
+    results directory holds is deferred and tried again while the sweep waits, its row taken as
+    that sweep recorded it; a claim is let go once its run's row is in."""
+
+    def __init__(self, ray, todo: list, sweep_dir: Path, labels: dict[int, str], before: dict[str, str]):
+        self.task = ray.remote(run_on_node).options(resources={RESOURCE: 1}, num_cpus=1, max_retries=MAX_RETRIES,
+                                                    retry_exceptions=False)
+        self.todo, self.sweep_dir, self.labels, self.before = todo, sweep_dir, labels, before
+        self.pending: dict = {}           # ref -> (label, exp, repeat, point)
+        self.deferred: list[tuple] = []   # (label, exp, repeat, point)
+        self.held: dict[str, Claim] = {}  # run_id -> this driver's claim
+        self.others: list[dict] = []      # rows other sweeps recorded for runs of this plan
+
+    def first(self, done: set[str]) -> None:
+        for i, (exp, repeat, point) in enumerate(self.todo, 1):
+            label = run_label(i, len(self.todo), exp, repeat, self.labels[id(exp)])
+            if exp.run_id(repeat) in done:
+                print(f"{label}: already in {self.sweep_dir}/runs.parquet, skipped", file=sys.stderr)
+                continue
+            if not self.offer(label, exp, repeat, point):
+                self.deferred.append((label, exp, repeat, point))
+
+    def offer(self, label: str, exp, repeat: int, point: dict, waited: bool = False) -> bool:
+        """Claim and submit the run (or take the row another sweep recorded); False: another sweep holds it."""
+        rid = exp.run_id(repeat)
+        got = try_claim(self.sweep_dir, rid)
+        if isinstance(got, Holder):
+            if not waited:
+                tqdm.write(f"{label}: claimed by another sweep ({got.describe()}): left to it, its row awaited",
+                           file=sys.stderr)
+            return False
+        other = recorded_since(self.sweep_dir, rid, self.before)
+        if other is not None:
+            got.release()
+            tqdm.write(f"{label}: run by another sweep meanwhile, not again: {outcome(exp, other, self.sweep_dir)}",
+                       file=sys.stderr)
+            self.others.append(other)
+            return True
+        if got.left is not None:
+            tqdm.write(f"{label}: taking over the claim of {got.left.describe()}, which is no longer running",
+                       file=sys.stderr)
+        self.held[rid] = got
+        self.pending[self.task.remote(exp, repeat, point)] = (label, exp, repeat, point)
+        return True
+
+    def retry_deferred(self) -> int:
+        """Deferred runs whose claim is free now: submitted or taken as recorded; how many were."""
+        left = [d for d in self.deferred if not self.offer(*d, waited=True)]
+        n = len(self.deferred) - len(left)
+        self.deferred = left
+        return n
+
+    def finished(self, run_id: str) -> None:
+        claim = self.held.pop(run_id, None)
+        if claim is not None:
+            claim.release()
+
+    def release_all(self) -> None:
+        for claim in self.held.values():
+            claim.release()
+        self.held.clear()
 
 
 def _cancel(ray, pending: dict) -> None:
@@ -320,47 +384,66 @@ def _cancel(ray, pending: dict) -> None:
 
 def run_plan_on_ray(plan: Plan, results_root: Path, address: str, force: bool = False,
                     shard: tuple[int, int] | None = None) -> list[dict]:
-    """run_plan's contract (skip what is done, each run once, a row per run) over a Ray
-    cluster; `address` as parse_address returns it. Only `local` needs root here: elsewhere
-    the driver writes results and the nodes run the networks."""
+    """run_plan's contract (skip what is done, each run once, a row per run, a claim per run
+    executed) over a Ray cluster; `address` as parse_address returns it. Only `local` needs
+    root here: elsewhere the driver writes results and the nodes run the networks."""
     from emu.run.runner import terminate_as_interrupt
 
     refuse_plugins(plan)
     if address == "local":  # a cluster's nodes check their own kernels, run by run (run_on_node)
         preflight.check(plan)
     sweep_dir = results_root / plan.name
-    done = set() if force else completed(sweep_dir)
     todo = plan_runs(plan, shard)
     rows: list[dict] = []
     with connect(address) as ray:
         if not ray.cluster_resources().get(RESOURCE):
             raise ConfigError(f"--ray {address!r}: no node offers the resource {RESOURCE!r}; start each node with "
                               f"ray start --resources='{{\"{RESOURCE}\": 1}}'")
+        make_dir(sweep_dir)
+        before = recorded(sweep_dir)
+        done = set() if force else completed(sweep_dir)
         nodes = Nodes(ray)
-        pending = _submit(ray, todo, done, sweep_dir, {id(e): t for e, t in zip(plan.experiments, plan.labels())})
-        bar = tqdm(total=len(pending), desc=f"sweep on {len(nodes.alive)} node(s)", unit="run", file=sys.stderr,
+        runs = Submitter(ray, todo, sweep_dir, {id(e): t for e, t in zip(plan.experiments, plan.labels())}, before)
+        bar = tqdm(total=0, desc=f"sweep on {len(nodes.alive)} node(s)", unit="run", file=sys.stderr,
                    dynamic_ncols=True, mininterval=0.2 if sys.stderr.isatty() else 5.0)
         old_term = signal.signal(signal.SIGTERM, terminate_as_interrupt)
         try:
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=2.0)
-                before = len(nodes.alive)
+            runs.first(done)
+            bar.total = len(runs.pending) + len(runs.deferred)
+            bar.refresh()
+            while runs.pending or runs.deferred:
+                if runs.pending:
+                    ready, _ = ray.wait(list(runs.pending), num_returns=1, timeout=2.0)
+                else:   # only runs another sweep holds: look again in a while
+                    ready = []
+                    time.sleep(CLAIM_POLL_S)
+                before_nodes = len(nodes.alive)
                 nodes.check(lambda line: tqdm.write(line, file=sys.stderr))
-                if len(nodes.alive) != before:
+                if len(nodes.alive) != before_nodes:
                     bar.set_description(f"sweep on {len(nodes.alive)} node(s)")
                 for ref in ready:
-                    label, exp, repeat, point = pending.pop(ref)
-                    row, cleaned = collect(ray, ref, sweep_dir, exp, repeat, point)
+                    label, exp, repeat, point = runs.pending.pop(ref)
+                    try:
+                        row, cleaned = collect(ray, ref, sweep_dir, exp, repeat, point)
+                    finally:
+                        runs.finished(exp.run_id(repeat))
                     for line in cleaned:
                         tqdm.write(f"cleaned up {line} (on {row.get('ray_node')})", file=sys.stderr)
                     rows.append(row)
                     bar.update(1)
                     tqdm.write(f"{label} on {row.get('ray_node') or '?'}: {outcome(exp, row, sweep_dir)}",
                                file=sys.stderr)
+                if runs.deferred:
+                    runs.retry_deferred()
+                rows.extend(runs.others)
+                bar.update(len(runs.others))
+                runs.others.clear()
+            rows.extend(runs.others)
         except BaseException:
-            _cancel(ray, pending)
+            _cancel(ray, runs.pending)
             raise
         finally:
+            runs.release_all()
             signal.signal(signal.SIGTERM, old_term)
             bar.close()
     return rows

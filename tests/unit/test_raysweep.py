@@ -11,11 +11,13 @@ machine's one network lock, so the test checks distribution, exactly-once and re
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -254,3 +256,32 @@ def test_the_example_cluster_file_is_valid_for_ray_up():
     assert any("scripts/setup.sh ray" in c for c in cfg["setup_commands"])
     assert """--resources='{"emu": 1}'""" in " ".join(cfg["worker_start_ray_commands"])
     assert cfg["available_node_types"]["emu"]["resources"] == {"emu": 1}
+
+
+def test_the_ray_driver_leaves_a_claimed_run_to_its_holder_and_takes_its_row(tmp_path, fake_ray, capsys,
+                                                                             monkeypatch):
+    from emu.run.claims import try_claim
+
+    monkeypatch.setattr(raysweep, "CLAIM_POLL_S", 0.1)
+    plan = plan_of(tmp_path, [0, 1])
+    ids = [e.run_id(0) for e in plan.experiments]
+    sweep_dir = tmp_path / "r" / "rs"
+    sweep_dir.mkdir(parents=True)
+    other = try_claim(sweep_dir, ids[1])   # another sweep executes the second run ...
+
+    def finish() -> None:   # ... records its row and lets go while this driver waits
+        record_run(sweep_dir, {"run_id": ids[1], "status": "ok", "reason": "", "started_at": "other",
+                               "iter_time_median_s": 0.2, "wall_s": 3.0})
+        other.release()
+
+    threading.Timer(0.5, finish).start()
+    ray = fake_ray(FakeRay())
+    rows = raysweep.run_plan_on_ray(plan, tmp_path / "r", "local")
+    assert ray.calls == ids[:1]   # the claimed run was not submitted
+    assert sorted(r["run_id"] for r in rows) == sorted(ids)
+    runs = read_runs(sweep_dir).set_index("run_id")
+    assert len(runs) == 2 and runs.loc[ids[1], "started_at"] == "other"
+    err = capsys.readouterr().err
+    assert f"({ids[1]}): claimed by another sweep (pid {os.getpid()}" in err
+    assert f"({ids[1]}): run by another sweep meanwhile, not again: ok" in err
+    assert not list((sweep_dir / ".claims").iterdir())   # every claim let go
