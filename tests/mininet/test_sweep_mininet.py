@@ -1,4 +1,5 @@
-"""Sweeps on Mininet, as root: kill -9 mid-sweep, then resume runs each point once."""
+"""Sweeps on Mininet, as root: kill -9 mid-sweep, then resume runs each point once (the killed
+sweep's claim on its run in flight taken over)."""
 from __future__ import annotations
 
 import os
@@ -31,6 +32,8 @@ def test_kill_9_mid_sweep_then_resume_runs_each_once(tmp_path, no_leftovers, pro
     after = pd.read_parquet(runs)
     assert len(after) == 3 and after["run_id"].is_unique and (after["status"] == "ok").all()
     assert "skipped" in r.stderr and "cleaned up" in r.stderr
+    # the killed sweep's claim on its run in flight, which no dead process holds
+    assert f"taking over the claim of pid {proc.pid}" in r.stderr and "which is no longer running" in r.stderr
     # rows written before the kill are untouched
     first = before.iloc[0]
     assert after.set_index("run_id").loc[first["run_id"], "started_at"] == first["started_at"]
