@@ -9,11 +9,13 @@ units (a dilated run's wall-clock rates x k, durations / k):
   worker. Were every tree at its planned rate, every tree would finish at G / R, each at
   achieved = planned; the tree that finishes last **set the iteration**.
 - a tree edge's rate: the bits of that tree it carried one way over the time from its first
-  frame to its last (the tree's stream on that edge, as the receiver saw it). The tree's
+  frame to its last (the tree's stream on that edge, as the receiver saw it), less what the
+  socket held already when the first header was read (a receive thread that was late would
+  otherwise make the span too short and the rate too high). The tree's
   slowest edge is where it was held back; its links are the path of that edge, the plan's
   tightest of them (highest planned load / capacity) named first.
-- a link's achieved load: the bits every tree edge crossing it carried, over the time from the
-  first frame to the last. Above the link's configured capacity is a measurement bug
+- a link's achieved load: the bits every tree edge crossing it carried (less each edge's early
+  bytes), over the time from the first frame to the last. Above the link's configured capacity is a measurement bug
   (`physics_violations`).
 """
 from __future__ import annotations
@@ -50,7 +52,8 @@ def _frames(rec: ForestTrees, warmup: int, k: float) -> tuple[pd.DataFrame, pd.D
     pushes = pd.DataFrame(rec.pushes.model_dump())
     edges, done, pushes = (d[d["iteration"] >= warmup] for d in (edges, done, pushes))
     span = (edges["last_t"] - edges["first_t"]) / k
-    edges = edges.assign(rate_bps=np.where(span > 0, 8.0 * edges["bytes"] / span.where(span > 0, 1.0), np.nan))
+    after = (edges["bytes"] - edges["early"]).clip(lower=0)      # what came in between first_t and last_t
+    edges = edges.assign(rate_bps=np.where(span > 0, 8.0 * after / span.where(span > 0, 1.0), np.nan), after=after)
     return edges, done, pushes
 
 
@@ -145,7 +148,7 @@ def link_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFrame:
                 crossing.setdefault(link, []).append(idx)
         for link, idxs in sorted(crossing.items()):
             sub = part.loc[idxs]
-            per_it = sub.groupby("iteration").agg(bits=("bytes", lambda b: 8.0 * b.sum()), first=("first_t", "min"),
+            per_it = sub.groupby("iteration").agg(bits=("after", lambda b: 8.0 * b.sum()), first=("first_t", "min"),
                                                  last=("last_t", "max"))
             span = (per_it["last"] - per_it["first"]) / k
             load = (per_it["bits"] / span.where(span > 0)).dropna()

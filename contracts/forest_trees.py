@@ -15,7 +15,9 @@ multiplies rates by its k).
     edges   per (iteration, tree, directed tree edge src -> dst), as the receiver dst saw it:
             phase (0 reduce: child to parent, 1 broadcast: parent to child), payload bytes,
             first_t (the first frame's header was read), last_t (the last frame's payload was
-            in), frames. rate = 8 bytes / (last_t - first_t): the tree's stream on that edge
+            in), frames, early (bytes the socket held already when first_t's header was read:
+            they came in before first_t). rate = 8 (bytes - early) / (last_t - first_t): at most
+            what the tree's stream got on that edge over that time
     done    per (iteration, tree, rank): when the last chunk of the tree's average arrived there
     pushes  per (iteration, rank): the plan epoch, the first and last gradient pushed
 """
@@ -70,6 +72,7 @@ class EdgeColumns(BaseModel):
     first_t: list[float] = []
     last_t: list[float] = []
     frames: list[int] = []
+    early: list[int] = []
 
 
 class DoneColumns(BaseModel):

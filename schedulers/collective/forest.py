@@ -32,8 +32,11 @@ The transport's keepalive bounds the time to notice a host that vanished silentl
 """
 from __future__ import annotations
 
+import array
+import fcntl
 import functools
 import json
+import termios
 import threading
 import time
 import zlib
@@ -97,6 +100,16 @@ class Chunk:
     lo: int
     hi: int
     pos: float      # how far into its tree's slice of the tensor (0 = first chunk)
+
+
+def _queued(conn: Connection) -> int:
+    """Bytes the socket holds unread (FIONREAD): what came in before its header was read."""
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(conn.sock.fileno(), termios.FIONREAD, buf)
+    except (OSError, ValueError):
+        return 0
+    return buf[0]
 
 
 LATE_REFUSAL_S = 0.5    # how long a worker that failed at start-up still answers connecting peers
@@ -498,11 +511,12 @@ class Forest(Scheduler):
                     self.replanner.hold(h.it)   # a peer on the new plan: wait until we have it too
                 ch = self._check_frame(conn, p, h)
                 first = time.time()
+                early = _queued(conn) if self.record.is_new(h.it, ch.tree, p) else 0
                 data = conn.recv_array(h.nbytes)
                 last = time.time()
                 with self._cv:
                     self.record.frame(h.it, ch.tree, p, REDUCE if h.kind == Kind.PUSH else BROADCAST, h.nbytes,
-                                      first, last)
+                                      first, last, early)
                     if h.kind == Kind.PUSH:
                         self._add(h.key, h.chunk, h.it, p, data)
                     elif h.chunk in self._pending.get((h.key, h.it), ()):

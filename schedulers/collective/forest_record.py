@@ -84,7 +84,8 @@ class TreeRecorder:
     def __init__(self, rank: int):
         self.rank = rank
         self.plans: list[EpochPlan] = []
-        self._edges: dict[tuple[int, int, int], list] = {}    # (it, tree, src) -> [phase, bytes, first, last, frames]
+        self._edges: dict[tuple[int, int, int], list] = {}    # (it, tree, src) -> [phase, bytes, first, last,
+        #                                                        frames, early]
         self._done: dict[tuple[int, int], float] = {}          # (it, tree) -> latest average here
         self._pushes: dict[int, list] = {}                      # it -> [epoch, first, last]
         self._merged: list[ForestTrees] = []
@@ -100,11 +101,19 @@ class TreeRecorder:
         else:
             rec[2] = now
 
-    def frame(self, it: int, tree: int, src: int, phase: int, nbytes: int, first: float, last: float) -> None:
-        """A data frame from `src` for `tree`: its header was read at `first`, its payload was in at `last`."""
+    def is_new(self, it: int, tree: int, src: int) -> bool:
+        """No frame of this (iteration, tree, sender) yet: the next one opens its span (read
+        without the lock by src's receive thread, the only one that adds such keys)."""
+        return (it, tree, src) not in self._edges
+
+    def frame(self, it: int, tree: int, src: int, phase: int, nbytes: int, first: float, last: float,
+              early: int = 0) -> None:
+        """A data frame from `src` for `tree`: its header was read at `first`, its payload was in
+        at `last`; `early`: the bytes the socket already held when the span's first header was read
+        (they came in before `first`, so a rate over the span leaves them out)."""
         rec = self._edges.get((it, tree, src))
         if rec is None:
-            self._edges[(it, tree, src)] = [phase, nbytes, first, last, 1]
+            self._edges[(it, tree, src)] = [phase, nbytes, first, last, 1, early]
         else:
             rec[1] += nbytes
             rec[3] = last
@@ -126,7 +135,7 @@ class TreeRecorder:
             edges=EdgeColumns(iteration=[k[0] for k, _ in e], tree=[k[1] for k, _ in e], src=[k[2] for k, _ in e],
                               dst=[self.rank] * len(e), phase=[v[0] for _, v in e], bytes=[v[1] for _, v in e],
                               first_t=[v[2] for _, v in e], last_t=[v[3] for _, v in e],
-                              frames=[v[4] for _, v in e]),
+                              frames=[v[4] for _, v in e], early=[v[5] for _, v in e]),
             done=DoneColumns(iteration=[k[0] for k, _ in d], tree=[k[1] for k, _ in d], rank=[self.rank] * len(d),
                              t=[v for _, v in d]),
             pushes=PushColumns(iteration=[k for k, _ in p], rank=[self.rank] * len(p), epoch=[v[0] for _, v in p],

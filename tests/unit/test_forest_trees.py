@@ -24,7 +24,9 @@ def test_gather_tree_is_a_bfs_tree_from_worker_zero():
 def test_recorder_sums_frames_per_iteration_tree_and_sender_and_merges():
     a, b = TreeRecorder(0), TreeRecorder(1)
     a.pushed(0, 0)
-    a.frame(0, 1, 2, REDUCE, 100, 1.0, 1.5)
+    assert a.is_new(0, 1, 2)
+    a.frame(0, 1, 2, REDUCE, 100, 1.0, 1.5, early=30)
+    assert not a.is_new(0, 1, 2)
     a.frame(0, 1, 2, REDUCE, 50, 1.6, 2.0)
     a.frame(0, 0, 2, BROADCAST, 10, 1.1, 1.2)
     a.delivered(0, 1)
@@ -34,8 +36,8 @@ def test_recorder_sums_frames_per_iteration_tree_and_sender_and_merges():
     rec = ForestTrees.model_validate(json.loads(json.dumps(a.record().model_dump(mode="json"))))
     assert rec.ranks == [0, 1]
     rows = list(zip(rec.edges.tree, rec.edges.src, rec.edges.dst, rec.edges.phase, rec.edges.bytes,
-                    rec.edges.first_t, rec.edges.last_t, rec.edges.frames, strict=True))
-    assert rows == [(0, 2, 0, BROADCAST, 10, 1.1, 1.2, 1), (1, 2, 0, REDUCE, 150, 1.0, 2.0, 2)]
+                    rec.edges.first_t, rec.edges.last_t, rec.edges.frames, rec.edges.early, strict=True))
+    assert rows == [(0, 2, 0, BROADCAST, 10, 1.1, 1.2, 1, 0), (1, 2, 0, REDUCE, 150, 1.0, 2.0, 2, 30)]
     assert sorted(zip(rec.done.tree, rec.done.rank, strict=True)) == [(0, 1), (1, 0)]
     assert rec.pushes.rank == [0, 1]
 
@@ -73,11 +75,11 @@ def _two_trees() -> ForestTrees:
                             PlannedTree(tree=1, root=1, depth=1, fraction=0.25, rate_bps=25e6, edges=[e1])])
     t = 100.0
     edges = {"iteration": [], "tree": [], "src": [], "dst": [], "phase": [], "bytes": [], "first_t": [],
-             "last_t": [], "frames": []}
+             "last_t": [], "frames": [], "early": []}
     for it, shift in ((0, 0.0), (1, 1.0)):
         for row in ((0, 1, 0, REDUCE, 750_000, 0.0, 0.07), (0, 0, 1, BROADCAST, 750_000, 0.01, 0.08),
                     (1, 0, 1, REDUCE, 250_000, 0.0, 0.09), (1, 1, 0, BROADCAST, 250_000, 0.02, 0.1)):
-            for col, v in zip(edges, (it, *row[:5], t + shift + row[5], t + shift + row[6], 8), strict=True):
+            for col, v in zip(edges, (it, *row[:5], t + shift + row[5], t + shift + row[6], 8, 0), strict=True):
                 edges[col].append(v)
     done = {"iteration": [0, 0, 1, 1], "tree": [0, 1, 0, 1], "rank": [1, 0, 1, 0],
             "t": [t + 0.08, t + 0.1, t + 1.08, t + 1.1]}
@@ -107,6 +109,15 @@ def test_dilated_rates_are_emulated_and_the_link_load_is_checked_against_physics
     assert links["physics_violations"].sum() == 0
     rec.plans[0] = rec.plans[0].model_copy(update={"configured_bps": [50e6] * 4})
     assert forest_trees.link_table(rec, warmup=1)["physics_violations"].sum() == 4
+
+
+def test_bytes_in_the_socket_before_the_first_header_are_left_out_of_the_rate():
+    rec = _two_trees()
+    e = rec.edges
+    i = next(i for i in range(len(e.tree)) if (e.iteration[i], e.tree[i], e.src[i]) == (1, 1, 0))
+    e.early[i] = 25_000                      # 225 kB in 90 ms: 20 Mb/s
+    trees = forest_trees.tree_table(rec, warmup=1).set_index("tree")
+    assert trees.loc[1, "slowest_bps"] == pytest.approx(20e6)
 
 
 def test_run_summary_reads_scheduler_info(tmp_path):
