@@ -4,9 +4,10 @@
 Over the measured iterations (`contracts/iterations.py`: iteration >= warmup), in emulated
 units (a dilated run's wall-clock rates x k, durations / k):
 
-- a tree's **achieved** rate in an iteration: its slice of the gradient (bits) over the time
-  from the iteration's first push (any worker) to the moment its last average reached its last
-  worker. Were every tree at its planned rate, every tree would finish at G / R, each at
+- a tree's **achieved** rate in an iteration: its slice of the gradient (bits) over its
+  all-reduce time, the longest at any worker from that worker's first push to the moment the
+  tree's last average reached it (per worker, so that workers whose iterations are skewed do
+  not add their skew). Were every tree at its planned rate, every tree would finish at G / R, each at
   achieved = planned; the tree that finishes last **set the iteration**.
 - a tree edge's rate: the bits of that tree it carried one way over the time from its first
   frame to its last (the tree's stream on that edge, as the receiver saw it), less what the
@@ -15,8 +16,11 @@ units (a dilated run's wall-clock rates x k, durations / k):
   slowest edge is where it was held back; its links are the path of that edge, the plan's
   tightest of them (highest planned load / capacity) named first.
 - a link's achieved load: the bits every tree edge crossing it carried (less each edge's early
-  bytes), over the time from the first frame to the last. Above the link's configured capacity is a measurement bug
-  (`physics_violations`).
+  bytes), over the time from the first frame to the last. Receivers time what they read, so
+  only a link into a receiving host (its path's last hop) is judged: above that link's configured
+  rate (plus `PHYSICS_SLACK`) is a measurement bug (`physics_violations`). On a link further
+  up a path, bytes that crossed it earlier and waited in a queue after it arrive inside the
+  window, so its figure may exceed its rate without breaking physics (`last_hop` False).
 """
 from __future__ import annotations
 
@@ -71,18 +75,18 @@ def iteration_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFra
     edges, done, pushes = _frames(rec, warmup, k)
     if edges.empty or done.empty or pushes.empty:
         return pd.DataFrame()
-    start = pushes.groupby("iteration")["first_t"].min()
     epoch = pushes.groupby("iteration")["epoch"].max()
-    finish = done.groupby(["iteration", "tree"])["t"].max()
-    last_rank = done.loc[done.groupby(["iteration", "tree"])["t"].idxmax()].set_index(["iteration", "tree"])["rank"]
+    done = done.merge(pushes[["iteration", "rank", "first_t"]], on=["iteration", "rank"])
+    done["took"] = (done["t"] - done["first_t"]) / k
+    finish = done.groupby(["iteration", "tree"])["took"].max()
+    last_rank = done.loc[done.groupby(["iteration", "tree"])["took"].idxmax()].set_index(["iteration", "tree"])["rank"]
     rows = []
     for (it, tree), grp in edges.groupby(["iteration", "tree"]):
         plan = rec.plans[int(epoch.get(it, 0))]
         if tree >= len(plan.trees):
             continue
         pt = plan.trees[tree]
-        t_done = finish.get((it, tree), np.nan)
-        dur = (t_done - start[it]) / k
+        dur = finish.get((it, tree), np.nan)
         slow = grp.loc[grp["rate_bps"].fillna(np.inf).idxmin()]
         edge = next(e for e in pt.edges if {e.child, e.parent} == {int(slow["src"]), int(slow["dst"])})
         path = edge.up if int(slow["src"]) == edge.child else edge.down
@@ -141,6 +145,10 @@ def link_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFrame:
             for e in t.edges:
                 path[(t.tree, e.child, e.parent)] = e.up
                 path[(t.tree, e.parent, e.child)] = e.down
+        outgoing: dict[str, int] = {}
+        for name in plan.links:
+            outgoing[name.split(">")[0]] = outgoing.get(name.split(">")[0], 0) + 1
+        into_host = [outgoing.get(name.split(">")[1], 0) == 1 for name in plan.links]   # a host has one link
         crossing: dict[int, list[int]] = {}
         for idx, (tree, src, dst) in zip(part.index, zip(part["tree"], part["src"], part["dst"], strict=True),
                                          strict=True):
@@ -157,7 +165,9 @@ def link_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFrame:
                          "capacity_bps": (plan.capacity_bps[link] or np.nan) * k,
                          "configured_bps": (conf or np.nan) * k, "planned_bps": plan.planned_bps[link] * k,
                          "achieved_bps": float(load.median()) if len(load) else np.nan,
-                         "physics_violations": int((load > conf * k * PHYSICS_SLACK).sum()) if conf else 0})
+                         "last_hop": into_host[link],
+                         "physics_violations": int((load > conf * k * PHYSICS_SLACK).sum())
+                         if conf and into_host[link] else 0})
     return pd.DataFrame(rows)
 
 

@@ -408,12 +408,14 @@ def _forest_trees(runs: pd.DataFrame, sweep_dir: Path) -> list[str]:
         return []
     return ["## Forest trees: planned against achieved", "",
             "Per forest run, over the measured iterations (the run's scheduler_info.json `trees`; "
-            "analysis/forest_trees.py). A tree's achieved rate is its slice of the gradient over the time from "
-            "the iteration's first push to its last average at its last worker: on plan, every tree finishes "
+            "analysis/forest_trees.py). A tree's achieved rate is its slice of the gradient over its all-reduce "
+            "time (the longest, over workers, from a worker's first push to the tree's last average there): on "
+            "plan, every tree finishes "
             "together at achieved = planned. The tree that finishes last sets the iteration; its slowest edge "
             "(the rate of its stream there, first frame to last) and that edge's links, the plan's tightest "
-            "first, say where it was held back. Physics violations: iterations in which the tree edges crossing a "
-            "link carried more than its configured rate (a measurement bug).", "",
+            "first, say where it was held back. Physics violations: iterations in which the tree edges into a "
+            "host (the hop a receiver times) carried more than that link's configured rate (a measurement bug).",
+            "",
             md_table(pd.DataFrame(per_run), "forest_trees_runs"), "",
             md_table(pd.DataFrame(per_tree), "forest_trees"), ""]
 
