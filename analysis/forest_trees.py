@@ -33,6 +33,8 @@ import pandas as pd
 from analysis.capacity import time_dilation
 from contracts.forest_trees import KEY, EpochPlan, ForestTrees
 
+SECTION = "forest_trees"  # the report section this module is (schedulers declare it)
+
 PHYSICS_SLACK = 1.05   # a link's achieved load may exceed its configured rate by this before it is a bug
 
 

@@ -379,7 +379,7 @@ def _forest_trees(runs: pd.DataFrame, sweep_dir: Path) -> list[str]:
     """Per forest run: each tree's planned against achieved rate and who set the iterations
     (analysis/forest_trees.py, from the run's scheduler_info.json); nothing where no run kept the record."""
     names = runs["scheduler_name"] if "scheduler_name" in runs else runs["scheduler"]
-    forest = runs[names == "forest"]
+    forest = runs[names.isin(catalog.with_section(forest_trees.SECTION))]
     if forest.empty:
         return []
     labels = forest_compare.network_labels(forest, sweep_dir)

@@ -174,3 +174,23 @@ def no_network(monkeypatch, runner) -> None:
 
     monkeypatch.setattr(runner, "Testbed", NoNetwork)
     monkeypatch.setattr(runner, "backend_for", lambda configured: "tc")
+
+
+def racks_node_link(per_rack, uplink):
+    """Two racks of `per_rack` hosts (100 Mb/s) under one core switch, uplinks at `uplink` Mb/s:
+    node-link data as role specs carry it, and the host names."""
+    g = nx.DiGraph()
+    for s in ("s0", "s1", "s2"):
+        g.add_node(s, kind="switch")
+    for tor in ("s1", "s2"):
+        g.add_edge(tor, "s0", capacity=uplink * 1e6)
+        g.add_edge("s0", tor, capacity=uplink * 1e6)
+    hosts = []
+    for r, tor in enumerate(("s1", "s2")):
+        for j in range(per_rack):
+            h = f"r{r}h{j}"
+            hosts.append(h)
+            g.add_node(h, kind="host")
+            g.add_edge(h, tor, capacity=100e6)
+            g.add_edge(tor, h, capacity=100e6)
+    return nx.node_link_data(g, edges="links"), hosts

@@ -158,7 +158,7 @@ class Forest(Scheduler):
     bound_model = "tree_packing"  # the LP optimum of spanning-tree packing its planner targets
     display_order = 6
     claims = {"forest-heterogeneous": "claimed"}
-    report_sections = ("forest_compare", "replan")
+    report_sections = ("forest_compare", "replan", "forest_trees")
 
     def __init__(self, ctx: RoleContext, params: ForestParams):
         super().__init__(ctx, params)

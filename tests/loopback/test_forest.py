@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 
-import networkx as nx
 import numpy as np
 import pytest
 
@@ -20,28 +19,10 @@ from schedulers.collective.forest import Forest, layout
 from schedulers.collective.forest_plan import plan_forest
 from schedulers.core.base import CommError, TensorSpec
 from tests.conftest import REPO as REPO_PATH
-from tests.factories import star_links
+from tests.factories import racks_node_link, star_links
 from tests.loopback_jobs import assert_averages, ctx, endpoints, run_threads
 
 REPO = str(REPO_PATH)
-
-
-def two_racks(per_rack, uplink):
-    g = nx.DiGraph()
-    for s in ("s0", "s1", "s2"):
-        g.add_node(s, kind="switch")
-    for tor in ("s1", "s2"):
-        g.add_edge(tor, "s0", capacity=uplink * 1e6)
-        g.add_edge("s0", tor, capacity=uplink * 1e6)
-    hosts = []
-    for r, tor in enumerate(("s1", "s2")):
-        for j in range(per_rack):
-            h = f"r{r}h{j}"
-            hosts.append(h)
-            g.add_node(h, kind="host")
-            g.add_edge(h, tor, capacity=100e6)
-            g.add_edge(tor, h, capacity=100e6)
-    return nx.node_link_data(g, edges="links"), hosts
 
 
 def allreduce_job(hosts, topology, sizes, iterations, params, seed=0):
@@ -95,7 +76,7 @@ def test_many_trees_random_tensor_sets():
 
 @pytest.mark.slow
 def test_two_racks_deep_trees_and_huge_tensor():
-    topo, hosts = two_racks(3, 20)
+    topo, hosts = racks_node_link(3, 20)
     plan = allreduce_job(hosts, topo, [3, 1_000_003], 2, {})
     assert max(t["depth"] for t in plan["trees"]) >= 2
 

@@ -10,8 +10,7 @@ from contracts.forest_trees import KEY, ForestTrees
 from schedulers import registry
 from schedulers.collective.forest import layout
 from schedulers.core.base import TensorSpec
-from tests.factories import star_links
-from tests.loopback.test_forest import two_racks
+from tests.factories import racks_node_link, star_links
 from tests.loopback_jobs import ctx, endpoints, run_threads
 
 SIZES = [3, 5000, 70_000]
@@ -77,7 +76,7 @@ def _check(tensors, info, n, iterations):
 
 
 def test_configured_plan_record_is_complete_and_consistent():
-    topo, hosts = two_racks(2, 20)
+    topo, hosts = racks_node_link(2, 20)
     tensors, infos = _job(hosts, topo, 3, {"bandwidth": "configured"})
     _check(tensors, infos[0], len(hosts), 3)
     rec = ForestTrees.model_validate(infos[0][KEY])

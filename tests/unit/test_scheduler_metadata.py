@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import bounds, catalog, claims, forest_compare, plots, startup
+from analysis import bounds, catalog, claims, forest_compare, forest_trees, plots, startup
 from analysis.report import write_report
 from analysis.tables import load_runs
 from contracts.scheduler_info import BOUND_MODELS, COLUMN, SchedulerInfo
@@ -32,7 +32,8 @@ from tests.conftest import REPO
 from tests.factories import no_network
 
 MINI = REPO / "tests" / "data" / "results" / "mini"
-SECTION_MODULES = {forest_compare.SECTION: "analysis/forest_compare.py", startup.SECTION: "analysis/startup.py"}
+SECTION_MODULES = {forest_compare.SECTION: "analysis/forest_compare.py", startup.SECTION: "analysis/startup.py",
+                   forest_trees.SECTION: "analysis/forest_trees.py"}
 SECTIONS = {*SECTION_MODULES, plots.REPLAN}  # every report section analysis draws for particular schedulers
 
 
