@@ -20,10 +20,13 @@ frames go by iteration, layer priority (nearest the input first), then how far i
 tree's slice a chunk is, which interleaves trees in proportion to their slices
 (`priority: false`: in the order they became ready, for comparison).
 
-Chunk size (`chunk_numel`, default 16384 floats = 64 KiB). Every chunk costs a fixed
-amount of Python time on top of its bytes, so small chunks waste CPU; but a chunk is
-forwarded only once all of it is in, so every tree level adds one chunk's transfer time.
-64 KiB adds 0.5 ms per level at 1 Gb/s and 5 ms at 100 Mb/s.
+Chunk size. Every chunk costs a fixed amount of Python time on top of its bytes, so small
+chunks waste CPU; but a chunk is forwarded only once all of it is in, so every tree level
+adds one chunk's transfer time, twice (reduce and broadcast). So a tree's chunks take at most
+`chunk_ms` (8 ms) at its planned rate, between 4 KiB and `chunk_numel` (64 KiB, which a tree
+reaches at 65 Mb/s). At 64 KiB on the 14 Mb/s of a contended rack uplink each level cost 37 ms
+where the iteration's bound was 218 ms; 14 KB chunks took that forest from 0.71-0.76 of its
+bound to 0.84-0.86.
 
 Failure. A connection that breaks, a protocol error, or a peer that said BYE while we still
 need its data makes this worker fail with the reason (naming that peer) and send it as
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_serializer
 
 from contracts.forest_trees import KEY as TREES_KEY
 from contracts.forest_trees import ForestTrees
@@ -64,6 +67,18 @@ from schedulers.core.failure import Failure
 from schedulers.transport.connection import Connection, Kind, Outbox, stream_chunk_numel
 from schedulers.transport.peers import Acceptor, Hello, dial
 
+CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
+MIN_TREE_CHUNK_NUMEL = 1024    # 4 KiB: the smallest chunk a slow tree gets (Python's cost per frame)
+
+
+def tree_chunk_numel(rate_bps: float | None, chunk_ms: float, chunk_numel: int) -> int:
+    """The largest chunk of a tree planned at `rate_bps`: what that rate moves in chunk_ms,
+    within [MIN_TREE_CHUNK_NUMEL, chunk_numel] (chunk_numel where the rate is unbounded)."""
+    if rate_bps is None or not rate_bps > 0 or rate_bps == float("inf"):
+        return chunk_numel
+    numel = int(rate_bps / 8 * chunk_ms / 1000 / 4)
+    return min(chunk_numel, max(MIN_TREE_CHUNK_NUMEL, numel))
+
 
 class ForestParams(SchedulerParams):
     requires_servers: ClassVar[bool] = False
@@ -71,6 +86,11 @@ class ForestParams(SchedulerParams):
                              description="largest chunk, floats (64 KiB; see the module docstring)")
     priority: bool = Field(default=True, description="send the layers nearest the input first (Mercury's "
                                                       "order, inside the trees); false: first come, first sent")
+    chunk_ms: float = Field(default=CHUNK_MS, gt=0, le=10_000, allow_inf_nan=False,
+                            description="longest time a chunk takes at its tree's planned rate, ms: each tree "
+                                        "level holds a chunk until all of it is in, so a tree on slow links gets "
+                                        f"smaller chunks (not under {MIN_TREE_CHUNK_NUMEL * 4 // 1024} KiB, never over "
+                                        "chunk_numel)")
     slice_chunks: int = Field(default=8, ge=1, le=4096,
                               description="cut each tree's slice of a tensor into at least this many chunks "
                                           "(a count; none under 4096 floats, 16 KiB)")
@@ -85,6 +105,15 @@ class ForestParams(SchedulerParams):
     replan_threshold: float = Field(default=0.25, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
                                                 "[ref / (1 + t), ref * (1 + t)]; t a fraction (0.25: 25 percent)")
+
+    @model_serializer(mode="wrap")
+    def _without_default_chunk_ms(self, handler):
+        """chunk_ms at its default is left out of the dump, so the run ids of configs that do not
+        set it stay as they were (a sweep still resumes)."""
+        d = handler(self)
+        if self.chunk_ms == CHUNK_MS:
+            d.pop("chunk_ms", None)
+        return d
 
 
 @functools.lru_cache(maxsize=8)
@@ -116,9 +145,10 @@ LATE_REFUSAL_S = 0.5    # how long a worker that failed at start-up still answer
 
 
 def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int,
-           slice_chunks: int = 1) -> dict[int, list[Chunk]]:
+           slice_chunks: int = 1, largest: list[int] | None = None) -> dict[int, list[Chunk]]:
     """Chunks of every tensor, by key; identical on every worker for the same inputs. A slice
-    streams in at least `slice_chunks` chunks of at most chunk_numel (transport.stream_chunk_numel)."""
+    streams in at least `slice_chunks` chunks of at most chunk_numel, or of at most its
+    tree's `largest` where given (transport.stream_chunk_numel)."""
     bounds_of = np.cumsum(fractions)
     load = [0] * len(fractions)
     total = 0
@@ -132,7 +162,7 @@ def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int,
             slices = [(k, 0, t.numel)]
         chunks = []
         for k, lo, hi in slices:
-            size = stream_chunk_numel(hi - lo, slice_chunks, chunk_numel)
+            size = stream_chunk_numel(hi - lo, slice_chunks, chunk_numel if largest is None else largest[k])
             starts = range(lo, hi, size)
             chunks += [Chunk(k, a, min(a + size, hi), q / len(starts)) for q, a in enumerate(starts)]
             load[k] += hi - lo
@@ -225,9 +255,14 @@ class Forest(Scheduler):
         assumed = record.get("capacity_bps") or {}
         capacity = [assumed.get(f"{u}>{v}", float("nan")) for u, v in self._model.links]
         self.record.add_plan(epoch_plan(len(self.record.plans), plan, self._model, capacity, self._configured))
-        self.chunks = layout(list(self.specs.values()), [t.fraction for t in self.trees],
-                             self.params.chunk_numel, self.params.slice_chunks)
+        self.chunks = self._layout(list(self.specs.values()))
         self._keys = sum(1 for c in self.chunks.values() if c)
+
+    def _layout(self, tensors: list[TensorSpec]) -> dict[int, list[Chunk]]:
+        """The plan's chunks: each tree's no longer than chunk_ms at its planned rate."""
+        p = self.params
+        return layout(tensors, [t.fraction for t in self.trees], p.chunk_numel, p.slice_chunks,
+                      [tree_chunk_numel(t.rate, p.chunk_ms, p.chunk_numel) for t in self.trees])
 
     def start(self, tensors: list[TensorSpec]) -> None:
         self.specs = {t.key: t for t in tensors}
@@ -237,8 +272,7 @@ class Forest(Scheduler):
         self._iter_left: dict[int, int] = {}     # iteration -> keys not averaged yet
         self._last_it = 0                         # the latest iteration pushed (0: start() probes)
         if self._plan is not None:
-            self.chunks = layout(tensors, [t.fraction for t in self.trees], self.params.chunk_numel,
-                                 self.params.slice_chunks)
+            self.chunks = self._layout(tensors)
             self._keys = sum(1 for c in self.chunks.values() if c)
         if self.peers:
             self._connect()
