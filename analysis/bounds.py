@@ -117,25 +117,35 @@ def _busiest(load: dict, g: nx.DiGraph) -> float:
     return max((nbytes * 8 / g.edges[e]["capacity"] for e, nbytes in load.items()), default=0.0)
 
 
-def ps_bound_s(g: nx.DiGraph, workers: list[str], servers: list[str], grad_bytes: float) -> float:
+def ps_loads(g: nx.DiGraph, workers: list[str], servers: list[str], grad_bytes: float) -> dict:
+    """Bytes per link direction of the parameter-server pattern (`ps_bound_s`)."""
     load: dict = {}
     share = grad_bytes / len(servers)
     for w in workers:
         for s in servers:
             _add_path(load, g, w, s, share)
             _add_path(load, g, s, w, share)
-    return _busiest(load, g)
+    return load
+
+
+def ps_bound_s(g: nx.DiGraph, workers: list[str], servers: list[str], grad_bytes: float) -> float:
+    return _busiest(ps_loads(g, workers, servers, grad_bytes), g)
+
+
+def ring_loads(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> dict:
+    """Bytes per link direction of the ring in the order given (`ring_bound_s`)."""
+    n = len(workers)
+    load: dict = {}
+    for i, w in enumerate(workers if n > 1 else []):
+        _add_path(load, g, w, workers[(i + 1) % n], 2 * (n - 1) / n * grad_bytes)
+    return load
 
 
 def ring_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
     """The ring in the order given: each worker sends 2(N-1)/N * G to its successor."""
-    n = len(workers)
-    if n < 2:
+    if len(workers) < 2:
         return 0.0
-    load: dict = {}
-    for i, w in enumerate(workers):
-        _add_path(load, g, w, workers[(i + 1) % n], 2 * (n - 1) / n * grad_bytes)
-    return _busiest(load, g)
+    return _busiest(ring_loads(g, workers, grad_bytes), g)
 
 
 def ring_order(g: nx.DiGraph, workers: list[str]) -> list[str]:
@@ -175,6 +185,11 @@ def worker_groups(g: nx.DiGraph, workers: list[str]) -> list[list[int]]:
 def hierarchical_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
     """Members to their leader and back (G each way), the leaders' ring in rank order
     (2(L-1)/L * G per hop), every stage at once: the busiest link direction's total."""
+    return _busiest(hierarchical_loads(g, workers, grad_bytes), g)
+
+
+def hierarchical_loads(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> dict:
+    """Bytes per link direction of hierarchical all-reduce, all stages summed (`hierarchical_bound_s`)."""
     grouped = worker_groups(g, workers)
     load: dict = {}
     for group in grouped:
@@ -186,7 +201,7 @@ def hierarchical_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -
     n = len(leaders)
     for i, w in enumerate(leaders if n > 1 else []):
         _add_path(load, g, w, leaders[(i + 1) % n], 2 * (n - 1) / n * grad_bytes)
-    return _busiest(load, g)
+    return load
 
 
 # ---------------------------------------------------------------------------- cut bound
