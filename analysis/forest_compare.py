@@ -36,7 +36,18 @@ _NOT_NETWORK = ("scheduler", "schedulers", "seed", "roles", "name")
 
 
 def variant(run: pd.Series) -> str:
-    """A baseline as the report names it: the scheduler and what makes it that deployment."""
+    """A baseline as the report names it: the scheduler and what makes it that deployment, with
+    the config's `label` where it sets one (a ring in the given order whose ranks a sweep lists
+    rack by rack, beside one whose ranks it deals round-robin: the order is part of the roles,
+    which the network point leaves out)."""
+    name = _variant(run)
+    label = _text(run.get("label"), "")
+    if not label:
+        return name
+    return f"{name[:-1]}, {label})" if name.endswith(")") else f"{name} ({label})"
+
+
+def _variant(run: pd.Series) -> str:
     sched = _registry_name(run)
     if sched == "forest":
         return f"forest ({_text(run.get('schedulers.forest.bandwidth'), 'measured')} bandwidth)"

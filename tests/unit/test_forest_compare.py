@@ -52,3 +52,14 @@ def test_headline_takes_the_fastest_baseline_per_network(tmp_path):
 def test_no_forest_no_rows(tmp_path):
     runs = _sweep(tmp_path)
     assert forest_compare.compare(runs[runs["scheduler"] != "forest"], tmp_path).empty
+
+
+def test_a_label_tells_two_rings_of_one_network_apart(tmp_path):
+    runs = _sweep(tmp_path)
+    extra = runs[runs["run_id"] == "r1"].assign(run_id="r9", label="ranks by rack", iter_time_median_s=0.2)
+    (tmp_path / "r9").mkdir()
+    (tmp_path / "r9" / "config.yaml").write_text((tmp_path / "r1" / "config.yaml").read_text())
+    table = forest_compare.compare(pd.concat([runs, extra], ignore_index=True), tmp_path)
+    star = table[table["network"] == "star"].set_index("baseline")
+    assert star.loc["ring (order given)", "measured"] == pytest.approx(0.88)
+    assert star.loc["ring (order given, ranks by rack)", "measured"] == pytest.approx(1.6)
