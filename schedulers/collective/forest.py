@@ -23,10 +23,12 @@ tree's slice a chunk is, which interleaves trees in proportion to their slices
 Chunk size. Every chunk costs a fixed amount of Python time on top of its bytes, so small
 chunks waste CPU; but a chunk is forwarded only once all of it is in, so every tree level
 adds one chunk's transfer time, twice (reduce and broadcast). So a tree's chunks take at most
-`chunk_ms` (8 ms) at its planned rate, between 4 KiB and `chunk_numel` (64 KiB, which a tree
+`chunk_ms` (8 ms) at its planned rate, between 16 KiB and `chunk_numel` (64 KiB, which a tree
 reaches at 65 Mb/s). At 64 KiB on the 14 Mb/s of a contended rack uplink each level cost 37 ms
-where the iteration's bound was 218 ms; 14 KB chunks took that forest from 0.71-0.76 of its
-bound to 0.84-0.86.
+where the iteration's bound was 218 ms; 16 KiB chunks took that forest from 0.71-0.76 of its
+bound to 0.86-0.88. Smaller chunks gained nothing there (8 KiB 0.88, 4 KiB 0.86) and cost CPU
+where many slow trees share fast links (a star of 6 at 100 Mb/s, 6 trees of 9 Mb/s: 9 KiB
+chunks took the CPU idle to 17%).
 
 Failure. A connection that breaks, a protocol error, or a peer that said BYE while we still
 need its data makes this worker fail with the reason (naming that peer) and send it as
@@ -64,11 +66,11 @@ from schedulers.collective.forest_record import (
 )
 from schedulers.collective.forest_replan import PROBE_FRAME, Replanner
 from schedulers.core.failure import Failure
-from schedulers.transport.connection import Connection, Kind, Outbox, stream_chunk_numel
+from schedulers.transport.connection import MIN_CHUNK_NUMEL, Connection, Kind, Outbox, stream_chunk_numel
 from schedulers.transport.peers import Acceptor, Hello, dial
 
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
-MIN_TREE_CHUNK_NUMEL = 1024    # 4 KiB: the smallest chunk a slow tree gets (Python's cost per frame)
+MIN_TREE_CHUNK_NUMEL = MIN_CHUNK_NUMEL   # 16 KiB: the smallest chunk a slow tree gets (Python's cost per frame)
 
 
 def tree_chunk_numel(rate_bps: float | None, chunk_ms: float, chunk_numel: int) -> int:

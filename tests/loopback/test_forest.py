@@ -115,15 +115,15 @@ def test_layout_streams_each_slice_in_slice_chunks():
 
 def test_a_slow_tree_gets_chunks_of_chunk_ms_at_its_planned_rate():
     """A chunk waits one hop per tree level, so a tree's chunks take at most chunk_ms at its
-    planned rate: 14 Mb/s and 8 ms give 3500 floats (14 KB); never under 4 KiB nor over chunk_numel."""
-    assert tree_chunk_numel(14e6, 8.0, 16_384) == 3500
+    planned rate: 40 Mb/s and 8 ms give 10,000 floats (40 kB); never under 16 KiB nor over chunk_numel."""
+    assert tree_chunk_numel(40e6, 8.0, 16_384) == 10_000
     assert tree_chunk_numel(1e9, 8.0, 16_384) == 16_384          # a fast tree: chunk_numel
-    assert tree_chunk_numel(1e6, 8.0, 16_384) == 1024            # a very slow one: 4 KiB
+    assert tree_chunk_numel(14e6, 8.0, 16_384) == 4096           # a slow one: 16 KiB
     assert tree_chunk_numel(float("inf"), 8.0, 16_384) == 16_384  # no rate planned (no topology)
-    chunks = layout([TensorSpec(0, "t", 100_000, 0)], [0.5, 0.5], 16_384, 1, [3500, 16_384])[0]
+    chunks = layout([TensorSpec(0, "t", 100_000, 0)], [0.5, 0.5], 16_384, 1, [10_000, 16_384])[0]
     slow = [ch.hi - ch.lo for ch in chunks if ch.tree == 0]
     fast = [ch.hi - ch.lo for ch in chunks if ch.tree == 1]
-    assert max(slow) == 3500 and sum(slow) == 50_000 and max(fast) == 16_384 and sum(fast) == 50_000
+    assert max(slow) == 10_000 and sum(slow) == 50_000 and max(fast) == 16_384 and sum(fast) == 50_000
 
 
 @pytest.mark.slow
