@@ -30,6 +30,15 @@ bound to 0.86-0.88. Smaller chunks gained nothing there (8 KiB 0.88, 4 KiB 0.86)
 where many slow trees share fast links (a star of 6 at 100 Mb/s, 6 trees of 9 Mb/s: 9 KiB
 chunks took the CPU idle to 17%).
 
+Pacing (`pace`, off by default). Each connection can be capped (SO_MAX_PACING_RATE, TCP's own
+pacing, no fq needed) at the plan's rate for its pair of workers, the sum of the rates of the
+trees that join them. It helps where TCP loses to an unresponsive tenant: racks with a UDP
+tenant went from 0.70 to 0.87-0.92 of the bound. It costs where the plan's rates are low or
+where a tree is idle while another could use its share: the probe measured 2 Mb/s of a 5 Mb/s
+WAN and the paced forest ran at 0.38-0.47 instead of 0.92; on uniform sites, whose plan is
+exact, 0.63-0.70 instead of 0.85 (caps are not work-conserving: a tree behind its schedule
+cannot catch up). So it stays a setting.
+
 Failure. A connection that breaks, a protocol error, or a peer that said BYE while we still
 need its data makes this worker fail with the reason (naming that peer) and send it as
 ABORT to every peer, who pass it on: every worker raises a CommError naming the culprit.
@@ -41,6 +50,7 @@ import array
 import fcntl
 import functools
 import json
+import math
 import termios
 import threading
 import time
@@ -66,11 +76,24 @@ from schedulers.collective.forest_record import (
 )
 from schedulers.collective.forest_replan import PROBE_FRAME, Replanner
 from schedulers.core.failure import Failure
-from schedulers.transport.connection import MIN_CHUNK_NUMEL, Connection, Kind, Outbox, stream_chunk_numel
+from schedulers.transport.connection import MIN_CHUNK_NUMEL, Connection, Kind, Outbox, pace, stream_chunk_numel
 from schedulers.transport.peers import Acceptor, Hello, dial
 
+PACE_MARGIN = 1.05             # pacing above the planned goodput: the kernel paces headers too (about 3.5%)
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
 MIN_TREE_CHUNK_NUMEL = MIN_CHUNK_NUMEL   # 16 KiB: the smallest chunk a slow tree gets (Python's cost per frame)
+
+
+def pair_rates(trees: tuple[Tree, ...], rank: int) -> dict[int, float]:
+    """Planned bit/s from `rank` to each tree neighbour: a tree edge carries its tree's rate
+    both ways (partial sums up, averages down), so a pair's rate is the sum over the trees
+    that join them (inf where a tree's rate is unbounded)."""
+    out: dict[int, float] = {}
+    for t in trees:
+        for p in [t.parent[rank], *t.children(rank)]:
+            if p >= 0:
+                out[p] = out.get(p, 0.0) + t.rate
+    return out
 
 
 def tree_chunk_numel(rate_bps: float | None, chunk_ms: float, chunk_numel: int) -> int:
@@ -93,6 +116,12 @@ class ForestParams(SchedulerParams):
                                         "level holds a chunk until all of it is in, so a tree on slow links gets "
                                         f"smaller chunks (not under {MIN_TREE_CHUNK_NUMEL * 4 // 1024} KiB, never over "
                                         "chunk_numel)")
+    pace: bool = Field(default=False,
+                       description="cap each connection's sending rate (SO_MAX_PACING_RATE) at the plan's rate for "
+                                   "that pair of workers (the sum of the rates of the trees that join them) plus "
+                                   f"{round((PACE_MARGIN - 1) * 100)}% for headers; off while a probe measures. It "
+                                   "avoids losses to an unresponsive tenant, but is only as good as the plan's rates "
+                                   "and gives up the capacity a paused tree leaves (see the module docstring)")
     slice_chunks: int = Field(default=8, ge=1, le=4096,
                               description="cut each tree's slice of a tensor into at least this many chunks "
                                           "(a count; none under 4096 floats, 16 KiB)")
@@ -110,11 +139,13 @@ class ForestParams(SchedulerParams):
 
     @model_serializer(mode="wrap")
     def _without_default_chunk_ms(self, handler):
-        """chunk_ms at its default is left out of the dump, so the run ids of configs that do not
-        set it stay as they were (a sweep still resumes)."""
+        """chunk_ms and pace at their defaults are left out of the dump, so the run ids of configs
+        that do not set them stay as they were (a sweep still resumes)."""
         d = handler(self)
         if self.chunk_ms == CHUNK_MS:
             d.pop("chunk_ms", None)
+        if not self.pace:
+            d.pop("pace", None)
         return d
 
 
@@ -254,6 +285,8 @@ class Forest(Scheduler):
             raise CommError(f"a new plan arrived with chunks of iterations {sorted(self._pending)} in flight")
         self._set_plan(plan)
         self.plans.append(record)
+        for p in list(self.conns):
+            self._pace(p)
         assumed = record.get("capacity_bps") or {}
         capacity = [assumed.get(f"{u}>{v}", float("nan")) for u, v in self._model.links]
         self.record.add_plan(epoch_plan(len(self.record.plans), plan, self._model, capacity, self._configured))
@@ -346,10 +379,32 @@ class Forest(Scheduler):
             self.conns[p] = conn
             ob = self.outboxes[p] = Outbox(conn, lambda e: self._fail(str(e)), sender=self.rank, on_send=on_send)
             failed = self._failure.reason
+            self._pace(p)
         if failed is not None:   # we failed while this one was connecting: it must hear why
             ob.abort(failed)
             return
         threading.Thread(target=self._receive, args=(p,), daemon=True, name=f"forest-recv-{p}").start()
+
+    def _pace(self, p: int) -> None:
+        """Cap the connection to p at the plan's rate for the pair (`pace`), or lift the cap
+        (no plan yet, not a tree neighbour, an unbounded rate, rates not in bit/s, or `pace`
+        off). Lock held."""
+        # A plan on an assumed star without a probe has rates in units of its links, not bit/s.
+        real = self.replanner is not None or (self._plan is not None and not self._plan.assumed_topology)
+        rate = pair_rates(self.trees, self.rank).get(p) if self.params.pace and real else None
+        bytes_per_s = None if rate is None or not math.isfinite(rate) else rate / 8 * PACE_MARGIN
+        try:
+            pace(self.conns[p].sock, bytes_per_s)
+        except OSError:
+            pass   # a closed socket: its receive thread reports why
+
+    def unpace(self) -> None:
+        """Lift every cap: a probe measures what the links give, not the plan. Lock held."""
+        for p in list(self.conns):
+            try:
+                pace(self.conns[p].sock, None)
+            except OSError:
+                pass
 
     def _same_plan(self, conn: Connection, h) -> None:
         """A peer's HELLO (rank and size checked already) must carry our plan's fingerprint."""

@@ -182,6 +182,8 @@ class Replanner:
         else:
             self.send(0, {"t": "ready", "it": it})
             self._await("go", it, [0])
+        with self.f._cv:
+            self.f.unpace()   # the probe measures the links, not the plan's caps
         mine = self._probe(it)
         if self.f.rank != 0:
             self.send(0, {"t": "report", "it": it, "rates": mine})

@@ -47,7 +47,6 @@ from pydantic import Field, model_serializer
 from contracts.tx_frames import summary
 from schedulers.api import CommError, RoleContext, Scheduler, SchedulerParams, TensorSpec
 from schedulers.core.failure import Failure
-from schedulers.ps.share import pace
 from schedulers.transport.connection import (
     HOST_QUEUE_S,
     PRIORITY_QUEUE_S,
@@ -55,6 +54,7 @@ from schedulers.transport.connection import (
     Header,
     Kind,
     Mode,
+    pace,
 )
 from schedulers.transport.loop import Loop, Peer, abort_peers
 from schedulers.transport.peers import Hello, dial

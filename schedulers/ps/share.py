@@ -30,7 +30,6 @@ MIN_CHANGE = 0.02      # a share that moved less than this is not sent again
 _TCP_INFO_LEN = 232
 _OOOPACK = struct.Struct("=I")
 _OOOPACK_OFFSET = 224  # struct tcp_info: tcpi_rcv_ooopack (Linux 5.4+)
-SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
 
 
 def out_of_order(sock: socket.socket) -> int | None:
@@ -45,9 +44,6 @@ def out_of_order(sock: socket.socket) -> int | None:
     return _OOOPACK.unpack_from(info, _OOOPACK_OFFSET)[0]
 
 
-def pace(sock: socket.socket, bytes_per_s: int) -> None:
-    """Cap the socket's sending rate (TCP paces its segments at most this fast)."""
-    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, int(bytes_per_s))
 
 
 class InboundMeter:

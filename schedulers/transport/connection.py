@@ -387,6 +387,18 @@ class Outbox:
         self.conn.abort(reason, self.sender)
 
 
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+UNPACED = 0xFFFFFFFF   # SO_MAX_PACING_RATE's "no cap"
+
+
+def pace(sock: socket.socket, bytes_per_s: int | None) -> None:
+    """Cap the socket's sending rate, bytes/s (None: no cap). This turns on TCP's own pacing
+    under any congestion control, no fq qdisc needed; the kernel paces whole segments,
+    headers included."""
+    rate = UNPACED if bytes_per_s is None else max(1, min(int(bytes_per_s), UNPACED - 1))
+    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, _U32.pack(rate))   # a u32: over a C int
+
+
 MIN_CHUNK_NUMEL = 4096  # 16 KiB of float32: below this, per-frame Python costs dominate
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,9 +16,10 @@ import numpy as np
 import pytest
 
 from schedulers import registry
-from schedulers.collective.forest import Forest, layout, tree_chunk_numel
-from schedulers.collective.forest_plan import plan_forest
+from schedulers.collective.forest import PACE_MARGIN, Forest, layout, pair_rates, tree_chunk_numel
+from schedulers.collective.forest_plan import Tree, plan_forest
 from schedulers.core.base import CommError, TensorSpec
+from schedulers.transport.connection import SO_MAX_PACING_RATE
 from tests.conftest import REPO as REPO_PATH
 from tests.factories import racks_node_link, star_links
 from tests.loopback_jobs import assert_averages, ctx, endpoints, run_threads
@@ -124,6 +126,46 @@ def test_a_slow_tree_gets_chunks_of_chunk_ms_at_its_planned_rate():
     slow = [ch.hi - ch.lo for ch in chunks if ch.tree == 0]
     fast = [ch.hi - ch.lo for ch in chunks if ch.tree == 1]
     assert max(slow) == 10_000 and sum(slow) == 50_000 and max(fast) == 16_384 and sum(fast) == 50_000
+
+
+def test_a_pair_is_planned_at_the_sum_of_the_trees_that_join_it():
+    """A tree edge carries its tree's rate both ways, so worker 0's connection to 1 is paced at
+    the rates of both trees that join them, and to 2 at the one tree that does."""
+    trees = (Tree(root=0, parent=(-1, 0, 0), fraction=0.6, rate=30e6),
+             Tree(root=1, parent=(1, -1, 0), fraction=0.4, rate=20e6))
+    assert pair_rates(trees, 0) == {1: 50e6, 2: 50e6}
+    assert pair_rates(trees, 2) == {0: 50e6}
+    assert pair_rates(trees, 1) == {0: 50e6}
+
+
+def test_pace_caps_each_connection_at_its_pairs_planned_rate():
+    """With `pace`, worker r's connection to p is capped at the plan's rate for the pair, plus
+    the margin for headers, in bytes/s; without it, not at all (the kernel's ~0)."""
+    hosts = ["h0", "h1", "h2"]
+    eps = endpoints(hosts)
+    tensors = [TensorSpec(0, "t", 50_000, 0)]
+
+    def work(r, paced):
+        sched = registry.create("forest", ctx(r, eps, star_links([100, 100, 100])),
+                                {"bandwidth": "configured", "pace": paced})
+        sched.start(tensors)
+        sched.push(0, np.ones(50_000, np.float32), 0)
+        sched.wait(0, 0)
+        caps = {p: c.sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE) for p, c in sched.conns.items()}
+        want = {p: int(bps / 8 * PACE_MARGIN) for p, bps in pair_rates(sched.trees, r).items()}
+        sched.close()
+        return caps, want
+
+    for paced in (True, False):
+        out, _ = run_threads(lambda r, paced=paced: work(r, paced), 3)
+        for r in range(3):
+            assert not isinstance(out[r], BaseException), out[r]
+            caps, want = out[r]
+            assert caps and set(caps) == set(want)
+            if paced:
+                assert all(abs(caps[p] - want[p]) <= 1 and 0 < want[p] < 100e6 / 8 * 1.1 for p in caps), (caps, want)
+            else:
+                assert all(c in (-1, 0xFFFFFFFF) for c in caps.values()), caps
 
 
 @pytest.mark.slow

@@ -17,12 +17,12 @@ import pytest
 
 from contracts.role_spec import Address, role_specs
 from schedulers.core.base import CommError, Endpoint, TensorSpec
-from schedulers.ps.share import SO_MAX_PACING_RATE
 from schedulers.transport.connection import (
     AUTO,
     HEADER,
     INITIAL_LOWAT,
     QUEUE_S,
+    SO_MAX_PACING_RATE,
     Connection,
     Kind,
     Mode,

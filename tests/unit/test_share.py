@@ -9,6 +9,7 @@ import pytest
 from schedulers.ps import share
 from schedulers.ps.fifo import FIFOParams
 from schedulers.ps.mercury import MercuryParams
+from schedulers.transport import connection
 
 DT = share.METER_S * 1.5   # a window comfortably over METER_S
 
@@ -61,8 +62,8 @@ def test_the_socket_calls_on_a_real_connection():
         a = socket.create_connection(srv.getsockname())
         b, _ = srv.accept()
         try:
-            share.pace(a, 1_000_000)
-            assert a.getsockopt(socket.SOL_SOCKET, share.SO_MAX_PACING_RATE) == 1_000_000
+            connection.pace(a, 1_000_000)
+            assert a.getsockopt(socket.SOL_SOCKET, connection.SO_MAX_PACING_RATE) == 1_000_000
             assert share.out_of_order(b) in (0, None)   # nothing lost on loopback
         finally:
             a.close()
