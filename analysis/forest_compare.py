@@ -1,9 +1,9 @@
 """Forest against each baseline on the same network: the ratio the bounds predict beside the
 ratio measured: the test of the forest paper's claim (up to 18.3x).
 
-A network point is a run's resolved config without its scheduler, scheduler tunables, seed and
-roles (a parameter server placed on another host, or ranks listed in another order, is part
-of the baseline, not of the network). At each point the forest that plans on measured
+A network point is a run's resolved config without its scheduler, scheduler tunables, seed,
+roles and label (a parameter server placed on another host, or ranks listed in another order,
+is part of the baseline, not of the network). At each point the forest that plans on measured
 bandwidth is the reference; for every other variant there:
 
     predicted = baseline's bound / forest's bound,   measured = baseline's iteration / forest's,
@@ -32,7 +32,7 @@ from analysis import catalog
 SECTION = "forest_compare"  # the report section this module is (schedulers declare it)
 PAPER_BEST = 18.3   # the forest paper's largest speed-up over prior synchronization schemes
 TARGET_AGREEMENT = 0.9
-_NOT_NETWORK = ("scheduler", "schedulers", "seed", "roles", "name")
+_NOT_NETWORK = ("scheduler", "schedulers", "seed", "roles", "name", "label")
 
 
 def variant(run: pd.Series) -> str:
