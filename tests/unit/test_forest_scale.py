@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from analysis.bounds import best_ring_bound_s, forest_bound_s, hierarchical_bound_s, ps_bound_s, ring_bound_s
-from analysis.forest_scale import PAPER_BEST, cap_text, largest, predict
+from analysis.forest_scale import HIERARCHICAL, PAPER_BEST, cap_text, largest, predict
 from tests.factories import racks_graph, star_graph
 
 
@@ -28,12 +28,12 @@ def test_ring_in_interleaved_order_crosses_the_uplink_n_minus_1_times():
     assert given["held_by"] == "cut" and given["forest_of_bottleneck"] == pytest.approx(1.0, rel=1e-6)
     assert t.loc["ring (order topology)", "predicted"] == pytest.approx(2 * 7 / 8, rel=1e-6)
     assert t.loc["parameter server (best host)", "predicted"] == pytest.approx(4.0, rel=1e-6)  # 4 workers across
-    assert t.loc["hierarchical", "predicted"] == pytest.approx(1.0, rel=1e-6)  # its leaders' ring: 1 per uplink
+    assert t.loc[HIERARCHICAL, "predicted"] == pytest.approx(1.0, rel=1e-6)  # its leaders' ring: 1 per uplink
     # the same ratios as the bounds the report uses, over the forest's LP
     forest = forest_bound_s(g, workers, 1.0)
     assert given["predicted"] == pytest.approx(ring_bound_s(g, workers, 1.0) / forest, rel=1e-9)
     assert t.loc["ring (order topology)", "predicted"] == pytest.approx(best_ring_bound_s(g, workers, 1.0) / forest)
-    assert t.loc["hierarchical", "predicted"] == pytest.approx(hierarchical_bound_s(g, workers, 1.0) / forest)
+    assert t.loc[HIERARCHICAL, "predicted"] == pytest.approx(hierarchical_bound_s(g, workers, 1.0) / forest)
     assert t.loc["parameter server (best host)", "predicted"] == pytest.approx(
         ps_bound_s(g, workers, ["r0h0"], 1.0) / forest)
     assert "7.00 gradients on" in cap_text(given) and "the cut at" in cap_text(given)
@@ -49,7 +49,7 @@ def test_one_server_on_a_homogeneous_star_is_n_over_2():
     assert ps["held_by"] == "tree packing" and ps["forest_of_cut"] == pytest.approx(0.6, rel=1e-6)
     assert "tree packing" in cap_text(ps)
     # one switch: hierarchical is one group, a server on rank 0's host
-    assert t.loc["hierarchical", "predicted"] == pytest.approx(3.0, rel=1e-6)
+    assert t.loc[HIERARCHICAL, "predicted"] == pytest.approx(3.0, rel=1e-6)
     assert t.loc["ring (order given)", "predicted"] == pytest.approx(t.loc["ring (order topology)", "predicted"])
 
 
