@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from emu.run.results import storage_error
+from emu.testbed.cleanup import start_time
 
 CLAIMS = ".claims"
 
@@ -41,11 +42,7 @@ class Holder(BaseModel):
 
 def _me() -> Holder:
     pid = os.getpid()
-    try:
-        started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        started = None
-    return Holder(pid=pid, started=started, host=socket.gethostname(),
+    return Holder(pid=pid, started=start_time(pid), host=socket.gethostname(),
                   since=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
 
 

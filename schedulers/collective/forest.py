@@ -385,13 +385,15 @@ class Forest(Scheduler):
             return
         threading.Thread(target=self._receive, args=(p,), daemon=True, name=f"forest-recv-{p}").start()
 
-    def _pace(self, p: int) -> None:
-        """Cap the connection to p at the plan's rate for the pair (`pace`), or lift the cap
-        (no plan yet, not a tree neighbour, an unbounded rate, rates not in bit/s, or `pace`
-        off). Lock held."""
+    def _pace(self, p: int, capped: bool = True) -> None:
+        """With `pace`: cap the connection to p at the plan's rate for the pair, or lift the
+        cap (`capped` false, no plan yet, not a tree neighbour, an unbounded rate, rates not in
+        bit/s). Without it the socket is left as the kernel made it. Lock held."""
+        if not self.params.pace:
+            return
         # A plan on an assumed star without a probe has rates in units of its links, not bit/s.
         real = self.replanner is not None or (self._plan is not None and not self._plan.assumed_topology)
-        rate = pair_rates(self.trees, self.rank).get(p) if self.params.pace and real else None
+        rate = pair_rates(self.trees, self.rank).get(p) if capped and real else None
         bytes_per_s = None if rate is None or not math.isfinite(rate) else rate / 8 * PACE_MARGIN
         try:
             pace(self.conns[p].sock, bytes_per_s)
@@ -401,10 +403,7 @@ class Forest(Scheduler):
     def unpace(self) -> None:
         """Lift every cap: a probe measures what the links give, not the plan. Lock held."""
         for p in list(self.conns):
-            try:
-                pace(self.conns[p].sock, None)
-            except OSError:
-                pass
+            self._pace(p, capped=False)
 
     def _same_plan(self, conn: Connection, h) -> None:
         """A peer's HELLO (rank and size checked already) must carry our plan's fingerprint."""

@@ -269,12 +269,8 @@ class ParameterServer:
         """QUEUED mode, after each round of reads: sum what was received, best priority first
         (sorted once per round: cheaper than a heap, as nothing joins the round's pushes
         while they are summed)."""
-        queue = self.queue
-        if not queue:
-            return
-        if len(queue) > 1:
-            queue.sort()
-        self.queue = []
+        queue, self.queue = self.queue, []
+        queue.sort()
         for _, _, rank, h, data in queue:
             self._add(rank, h, data)
 

@@ -537,10 +537,10 @@ class Loop:
                     peer.writable()
             if self.after_round is not None:
                 self.after_round()
-            if first is not None and self.timed and time.monotonic() >= first:
+            now = time.monotonic() if first is not None and self.timed else None
+            if now is not None and now >= first:
                 # Only then can a wait be over (one added during this round ends later; the
                 # next wait's timeout covers it).
-                now = time.monotonic()
                 for peer in list(self.timed):
                     if peer.held_until is not None:
                         peer.hold_over(now)
