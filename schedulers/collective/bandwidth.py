@@ -3,10 +3,17 @@ emulator's configuration (a real deployment cannot read tc).
 
 The job knows the network's structure (which hosts hang off which switch: the capacity
 graph's nodes and links) but not its rates. A probe runs rounds of TCP flows between workers
-over the job's own connections; each sender measures the goodput of each of its flows (bytes
-the peer acknowledged, after a slow-start skip). A link then carried at least the sum of the
-goodputs of the flows whose path crosses it, so each round gives a lower bound on every
-link's available capacity, and the estimate is the largest over rounds.
+over the job's own connections; after a slow-start skip, each receiver counts what arrived on
+every connection in the round's window (`Connection.bytes_arrived`: data segments as they
+come, in order or not), flows of earlier rounds still draining included. A link then carried
+at least the sum of what the flows whose path crosses it delivered, so each round gives a
+lower bound on every link's available capacity, and the estimate is the largest over rounds.
+
+Why the receiver. The sender's count of acknowledged bytes read 10 of 14.3 Mb/s on a 15 Mb/s
+uplink and, counted on every connection, up to 18.9: it jumps by up to a congestion window
+when a lost segment is repaired, and on a link loaded both ways the acknowledgements wait
+in the reverse direction's queue (100 ms there), so a window of 0.33 s can count 0.43 s of
+deliveries. Counted where the bytes arrive, the same rounds read 13.3-15.1.
 
 Rounds (`probe_rounds`): every worker to every other at once; a ring, worker i to i + 1,
 one flow on each host link and direction; then, for each worker k, k to all others and all

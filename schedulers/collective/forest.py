@@ -84,16 +84,30 @@ CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (Fore
 MIN_TREE_CHUNK_NUMEL = MIN_CHUNK_NUMEL   # 16 KiB: the smallest chunk a slow tree gets (Python's cost per frame)
 
 
+def pair_trees(trees: tuple[Tree, ...], rank: int) -> dict[int, list[int]]:
+    """The trees (indices) that join `rank` to each of its tree neighbours."""
+    out: dict[int, list[int]] = {}
+    for k, t in enumerate(trees):
+        for p in [t.parent[rank], *t.children(rank)]:
+            if p >= 0:
+                out.setdefault(p, []).append(k)
+    return out
+
+
 def pair_rates(trees: tuple[Tree, ...], rank: int) -> dict[int, float]:
     """Planned bit/s from `rank` to each tree neighbour: a tree edge carries its tree's rate
     both ways (partial sums up, averages down), so a pair's rate is the sum over the trees
     that join them (inf where a tree's rate is unbounded)."""
-    out: dict[int, float] = {}
-    for t in trees:
-        for p in [t.parent[rank], *t.children(rank)]:
-            if p >= 0:
-                out[p] = out.get(p, 0.0) + t.rate
-    return out
+    return {p: sum(trees[k].rate for k in ks) for p, ks in pair_trees(trees, rank).items()}
+
+
+def pace_bytes_per_s(pair_bps: float, largest_chunk_bytes: int, chunk_ms: float) -> float:
+    """A connection's cap: its pair's planned rate plus PACE_MARGIN for headers, but never so
+    low that the largest chunk of a tree it carries takes more than chunk_ms. A chunk is
+    forwarded only once all of it is in, so each tree level costs a chunk's time twice; a tree
+    of 1 Mb/s whose whole slice is one 9 KB chunk, paced at its rate, took 75 ms a level where
+    the iteration's bound was 81 ms."""
+    return max(pair_bps / 8 * PACE_MARGIN, largest_chunk_bytes / (chunk_ms / 1000))
 
 
 def tree_chunk_numel(rate_bps: float | None, chunk_ms: float, chunk_numel: int) -> int:
@@ -181,25 +195,37 @@ def layout(tensors: list[TensorSpec], fractions: list[float], chunk_numel: int,
            slice_chunks: int = 1, largest: list[int] | None = None) -> dict[int, list[Chunk]]:
     """Chunks of every tensor, by key; identical on every worker for the same inputs. A slice
     streams in at least `slice_chunks` chunks of at most chunk_numel, or of at most its
-    tree's `largest` where given (transport.stream_chunk_numel)."""
-    bounds_of = np.cumsum(fractions)
-    load = [0] * len(fractions)
-    total = 0
+    tree's `largest` where given (transport.stream_chunk_numel).
+
+    Tensors up to chunk_numel go whole, each to the tree furthest behind its share; the
+    larger ones are then cut in the proportions that bring every tree to its share of the
+    whole gradient. Cutting them by the fractions alone left a tree up to a small tensor over
+    its share (12-14% on 11-tree plans of the small CNN), and a tree paced at its planned rate
+    then sets the iteration."""
+    n = len(fractions)
+    ordered = sorted(tensors, key=lambda s: s.key)
+    load = [0] * n
+    slices: dict[int, list[tuple[int, int, int]]] = {}
+    small_total = 0
+    for t in (t for t in ordered if t.numel <= chunk_numel):
+        k = max(range(n), key=lambda k: (fractions[k] * (small_total + t.numel) - load[k], -k))
+        slices[t.key] = [(k, 0, t.numel)]
+        load[k] += t.numel
+        small_total += t.numel
+    total = sum(t.numel for t in ordered)
+    residual = [max(0.0, f * total - got) for f, got in zip(fractions, load, strict=True)]
+    shares = [r / sum(residual) for r in residual] if sum(residual) > 0 else list(fractions)
+    bounds_of = np.cumsum(shares)
+    for t in (t for t in ordered if t.numel > chunk_numel):
+        cuts = [0] + [int(round(t.numel * b)) for b in bounds_of[:-1]] + [t.numel]
+        slices[t.key] = [(k, cuts[k], cuts[k + 1]) for k in range(n)]
     out: dict[int, list[Chunk]] = {}
-    for t in sorted(tensors, key=lambda s: s.key):
-        if t.numel > chunk_numel:
-            cuts = [0] + [int(round(t.numel * b)) for b in bounds_of[:-1]] + [t.numel]
-            slices = [(k, cuts[k], cuts[k + 1]) for k in range(len(fractions))]
-        else:
-            k = max(range(len(fractions)), key=lambda k: (fractions[k] * (total + t.numel) - load[k], -k))
-            slices = [(k, 0, t.numel)]
+    for t in ordered:
         chunks = []
-        for k, lo, hi in slices:
+        for k, lo, hi in slices[t.key]:
             size = stream_chunk_numel(hi - lo, slice_chunks, chunk_numel if largest is None else largest[k])
             starts = range(lo, hi, size)
             chunks += [Chunk(k, a, min(a + size, hi), q / len(starts)) for q, a in enumerate(starts)]
-            load[k] += hi - lo
-        total += t.numel
         out[t.key] = chunks
     return out
 
@@ -285,19 +311,24 @@ class Forest(Scheduler):
             raise CommError(f"a new plan arrived with chunks of iterations {sorted(self._pending)} in flight")
         self._set_plan(plan)
         self.plans.append(record)
-        for p in list(self.conns):
-            self._pace(p)
         assumed = record.get("capacity_bps") or {}
         capacity = [assumed.get(f"{u}>{v}", float("nan")) for u, v in self._model.links]
         self.record.add_plan(epoch_plan(len(self.record.plans), plan, self._model, capacity, self._configured))
-        self.chunks = self._layout(list(self.specs.values()))
-        self._keys = sum(1 for c in self.chunks.values() if c)
+        self._set_chunks(list(self.specs.values()))
+        for p in list(self.conns):
+            self._pace(p)
 
-    def _layout(self, tensors: list[TensorSpec]) -> dict[int, list[Chunk]]:
-        """The plan's chunks: each tree's no longer than chunk_ms at its planned rate."""
+    def _set_chunks(self, tensors: list[TensorSpec]) -> None:
+        """The plan's chunks: each tree's no longer than chunk_ms at its planned rate; and each
+        tree's largest chunk in bytes (pacing's floor)."""
         p = self.params
-        return layout(tensors, [t.fraction for t in self.trees], p.chunk_numel, p.slice_chunks,
-                      [tree_chunk_numel(t.rate, p.chunk_ms, p.chunk_numel) for t in self.trees])
+        self.chunks = layout(tensors, [t.fraction for t in self.trees], p.chunk_numel, p.slice_chunks,
+                             [tree_chunk_numel(t.rate, p.chunk_ms, p.chunk_numel) for t in self.trees])
+        self._keys = sum(1 for c in self.chunks.values() if c)
+        self._chunk_bytes = [0] * len(self.trees)
+        for chunks in self.chunks.values():
+            for ch in chunks:
+                self._chunk_bytes[ch.tree] = max(self._chunk_bytes[ch.tree], 4 * (ch.hi - ch.lo))
 
     def start(self, tensors: list[TensorSpec]) -> None:
         self.specs = {t.key: t for t in tensors}
@@ -307,8 +338,7 @@ class Forest(Scheduler):
         self._iter_left: dict[int, int] = {}     # iteration -> keys not averaged yet
         self._last_it = 0                         # the latest iteration pushed (0: start() probes)
         if self._plan is not None:
-            self.chunks = self._layout(tensors)
-            self._keys = sum(1 for c in self.chunks.values() if c)
+            self._set_chunks(tensors)
         if self.peers:
             self._connect()
         if self.replanner is not None:
@@ -394,7 +424,10 @@ class Forest(Scheduler):
         # A plan on an assumed star without a probe has rates in units of its links, not bit/s.
         real = self.replanner is not None or (self._plan is not None and not self._plan.assumed_topology)
         rate = pair_rates(self.trees, self.rank).get(p) if capped and real else None
-        bytes_per_s = None if rate is None or not math.isfinite(rate) else rate / 8 * PACE_MARGIN
+        bytes_per_s = None
+        if rate is not None and math.isfinite(rate):
+            largest = max(self._chunk_bytes[k] for k in pair_trees(self.trees, self.rank)[p])
+            bytes_per_s = pace_bytes_per_s(rate, largest, self.params.chunk_ms)
         try:
             pace(self.conns[p].sock, bytes_per_s)
         except OSError:

@@ -203,9 +203,9 @@ class Replanner:
 
     def _plan(self, it: int, why: str, reports: list[list], t0: float) -> dict:
         rounds: list[dict[Pair, float]] = [{} for _ in probe_rounds(self.f.n)]
-        for sender, rates in enumerate(reports):    # reports[k]: worker k's flows
-            for r, dst, bps in rates:
-                rounds[r][(sender, dst)] = bps
+        for receiver, rates in enumerate(reports):    # reports[k]: what worker k received
+            for r, src, bps in rates:
+                rounds[r][(src, receiver)] = bps
         capacity = estimate(self.model, rounds)
         probed = time.time()
         plan = plan_forest(with_capacities(self.graph, self.model, capacity), self.nodes, self.epsilon)
@@ -218,14 +218,15 @@ class Replanner:
         return {"t": "plan", "it": it, "plan": plan.to_dict(), "record": record}
 
     def _probe(self, it: int) -> list[list]:
-        """Run every round from now; return [round, receiver, goodput bit/s] of our flows."""
+        """Run every round from now; return [round, sender, bit/s] of what reached us from each
+        peer in each round's measuring window (bytes_arrived; any peer, in the round or not:
+        bytes of an earlier round still draining load the links too)."""
         start, out = time.monotonic(), []
         for r, flows in enumerate(probe_rounds(self.f.n)):
             dests = [j for i, j in flows if i == self.f.rank]
             begin = start + r * (self.probe_s + PROBE_GAP_S)
             _sleep_until(begin)
-            if dests:
-                out += [[r, j, bps] for j, bps in self._round(r, it, dests, begin).items()]
+            out += [[r, j, bps] for j, bps in self._round(r, it, dests, begin).items() if bps > 0]
         _sleep_until(start + len(probe_rounds(self.f.n)) * (self.probe_s + PROBE_GAP_S))
         return out
 
@@ -235,16 +236,17 @@ class Replanner:
         for j in dests:
             self._keep_sending(j, r, it, stop)
         _sleep_until(skip)
-        before = {j: (self.f.conns[j].bytes_acked(), time.monotonic()) for j in dests}
+        peers = list(self.f.conns)
+        before = {j: (self.f.conns[j].bytes_arrived(), time.monotonic()) for j in peers}
         _sleep_until(stop)
         rates = {}
-        for j in dests:
-            acked0, t_a = before[j]
-            acked1, t_b = self.f.conns[j].bytes_acked(), time.monotonic()
-            if acked0 is None or acked1 is None:
-                raise CommError("this kernel does not report acknowledged bytes (TCP_INFO); "
-                                "use forest with bandwidth: configured")
-            rates[j] = (acked1 - acked0) * 8 / (t_b - t_a)
+        for j in peers:
+            got0, t_a = before[j]
+            got1, t_b = self.f.conns[j].bytes_arrived(), time.monotonic()
+            if got0 is None or got1 is None:
+                raise CommError("this kernel does not report the data segments a connection received "
+                                "(TCP_INFO, Linux 4.6+); use forest with bandwidth: configured")
+            rates[j] = (got1 - got0) * 8 / (t_b - t_a)
         self.f._failure.check()
         return rates
 

@@ -48,6 +48,8 @@ _ACKED_OFFSET = 120  # struct tcp_info: tcpi_bytes_acked (Linux 4.2+)
 _APP_LIMITED = 1     # struct tcp_info byte 7: tcpi_delivery_rate_app_limited (Linux 4.9+)
 _NOTSENT_OFFSET = 144  # struct tcp_info: tcpi_notsent_bytes (Linux 4.6+)
 _U32 = struct.Struct("=I")
+_RCV_MSS_OFFSET = 20   # struct tcp_info: tcpi_rcv_mss
+_SEGS_IN_OFFSET = 152  # struct tcp_info: tcpi_data_segs_in (Linux 4.6+)
 
 # The kernel's unsent bytes per socket are kept at about QUEUE_S of the delivery rate,
 # within [MIN_LOWAT, MAX_LOWAT]; a connection starts at INITIAL_LOWAT (enough for 1 Gb/s, so
@@ -197,6 +199,18 @@ class Connection:
         does not say: a sender's goodput measured by the receiver's own acknowledgements."""
         info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
         return _U64.unpack_from(info, _ACKED_OFFSET)[0] if len(info) >= _ACKED_OFFSET + 8 else None
+
+    def bytes_arrived(self) -> int | None:
+        """Bytes the peer's data segments brought us so far (TCP_INFO tcpi_data_segs_in, at
+        the peer's MSS each; retransmissions included), counted as they arrive, in order or
+        not: a link's throughput as its receiver sees it. The sender's count of what was
+        acknowledged is no substitute over short intervals: it jumps by up to a congestion
+        window when a hole is repaired, and lags by the queue the acknowledgements wait in on
+        the way back. None where the kernel does not say."""
+        info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+        if len(info) < _SEGS_IN_OFFSET + 4:
+            return None
+        return _U32.unpack_from(info, _SEGS_IN_OFFSET)[0] * _U32.unpack_from(info, _RCV_MSS_OFFSET)[0]
 
     def wait_writable(self, timeout_s: float) -> bool:
         """True once the kernel wants more bytes (unsent bytes below TCP_NOTSENT_LOWAT), or

@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 from schedulers import registry
-from schedulers.collective.forest import PACE_MARGIN, Forest, layout, pair_rates, tree_chunk_numel
+from schedulers.collective.forest import (
+    PACE_MARGIN,
+    Forest,
+    layout,
+    pace_bytes_per_s,
+    pair_rates,
+    tree_chunk_numel,
+)
 from schedulers.collective.forest_plan import Tree, plan_forest
 from schedulers.core.base import CommError, TensorSpec
 from schedulers.transport.connection import SO_MAX_PACING_RATE
@@ -103,6 +110,28 @@ def test_layout_covers_every_element_once_and_follows_fractions():
         assert (covered == 1).all()
     total = sum(t.numel for t in tensors)
     assert np.allclose(np.array(per_tree) / total, fractions, atol=0.01)
+
+
+def test_layout_brings_every_tree_to_its_share_despite_whole_small_tensors():
+    """Small tensors go whole to one tree each; the large ones' cuts make up for it, so every
+    tree carries its share of the whole gradient to within rounding. Cut by the fractions
+    alone, one tree was 10% over its share here and another 24% under."""
+    tensors = [TensorSpec(k, f"s{k}", 900, k) for k in range(7)] + [TensorSpec(7, "big", 20_000, 7)]
+    fractions = [0.55, 0.3, 0.1, 0.05]
+    per_tree = [0] * 4
+    for chunks in layout(tensors, fractions, chunk_numel=1000).values():
+        for ch in chunks:
+            per_tree[ch.tree] += ch.hi - ch.lo
+    total = sum(t.numel for t in tensors)
+    assert sum(per_tree) == total
+    assert all(abs(got - f * total) <= 2 for got, f in zip(per_tree, fractions, strict=True)), per_tree
+
+
+def test_pacing_never_holds_a_chunk_longer_than_chunk_ms():
+    """A pair is paced at its planned rate plus the header margin, but a slow tree's chunk
+    (its whole slice, here) still crosses in chunk_ms: each tree level waits for a whole chunk."""
+    assert pace_bytes_per_s(50e6, 16_384, 8.0) == 50e6 / 8 * PACE_MARGIN
+    assert pace_bytes_per_s(1e6, 9_436, 8.0) == 9_436 / 0.008
 
 
 def test_layout_streams_each_slice_in_slice_chunks():
