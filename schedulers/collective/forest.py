@@ -30,14 +30,18 @@ bound to 0.86-0.88. Smaller chunks gained nothing there (8 KiB 0.88, 4 KiB 0.86)
 where many slow trees share fast links (a star of 6 at 100 Mb/s, 6 trees of 9 Mb/s: 9 KiB
 chunks took the CPU idle to 17%).
 
-Pacing (`pace`, off by default). Each connection can be capped (SO_MAX_PACING_RATE, TCP's own
+Pacing (`pace`, on by default). Each connection is capped (SO_MAX_PACING_RATE, TCP's own
 pacing, no fq needed) at the plan's rate for its pair of workers, the sum of the rates of the
-trees that join them. It helps where TCP loses to an unresponsive tenant: racks with a UDP
-tenant went from 0.70 to 0.87-0.92 of the bound. It costs where the plan's rates are low or
-where a tree is idle while another could use its share: the probe measured 2 Mb/s of a 5 Mb/s
-WAN and the paced forest ran at 0.38-0.47 instead of 0.92; on uniform sites, whose plan is
-exact, 0.63-0.70 instead of 0.85 (caps are not work-conserving: a tree behind its schedule
-cannot catch up). So it stays a setting.
+trees that join them, plus 5% for headers, and never below its largest chunk in chunk_ms
+(`pace_bytes_per_s`). Unpaced, TCP fills a slow link's queue (100 ms on a 15 Mb/s uplink whose
+switch buffer was sized for 75), where the urgent chunks of the next layer wait, and loses to
+an unresponsive tenant. Forest over its bound, unpaced / paced (9 iterations each, one run):
+star 0.88 / 0.96, star with a 20x spread 0.99 / 0.99, sites 0.85 / 0.81, sites with a 20x WAN
+spread 0.93 / 0.97, racks with a UDP tenant 0.64 / 0.91, 4 racks under 45 Mb/s of UDP each way
+0.87 / 0.91; a 15 Mb/s uplink, 0.76 / 0.97. The cost: a hop runs at the pair's planned rate,
+not the link's, so each tree level adds a chunk's time at that rate (uniform sites, 11 trees).
+Pacing is only as good as the probe: when it read 2 Mb/s of a 5 Mb/s WAN, a paced forest ran
+at 0.38 of its bound.
 
 Failure. A connection that breaks, a protocol error, or a peer that said BYE while we still
 need its data makes this worker fail with the reason (naming that peer) and send it as
@@ -130,12 +134,13 @@ class ForestParams(SchedulerParams):
                                         "level holds a chunk until all of it is in, so a tree on slow links gets "
                                         f"smaller chunks (not under {MIN_TREE_CHUNK_NUMEL * 4 // 1024} KiB, never over "
                                         "chunk_numel)")
-    pace: bool = Field(default=False,
+    pace: bool = Field(default=True,
                        description="cap each connection's sending rate (SO_MAX_PACING_RATE) at the plan's rate for "
                                    "that pair of workers (the sum of the rates of the trees that join them) plus "
-                                   f"{round((PACE_MARGIN - 1) * 100)}% for headers; off while a probe measures. It "
-                                   "avoids losses to an unresponsive tenant, but is only as good as the plan's rates "
-                                   "and gives up the capacity a paused tree leaves (see the module docstring)")
+                                   f"{round((PACE_MARGIN - 1) * 100)}% for headers, and no lower than its largest "
+                                   "chunk in chunk_ms; off while a probe measures. It keeps a slow link's queue short "
+                                   "and avoids losses to an unresponsive tenant; false: TCP shares the links as it "
+                                   "will (see the module docstring)")
     slice_chunks: int = Field(default=8, ge=1, le=4096,
                               description="cut each tree's slice of a tensor into at least this many chunks "
                                           "(a count; none under 4096 floats, 16 KiB)")
@@ -158,7 +163,7 @@ class ForestParams(SchedulerParams):
         d = handler(self)
         if self.chunk_ms == CHUNK_MS:
             d.pop("chunk_ms", None)
-        if not self.pace:
+        if self.pace:
             d.pop("pace", None)
         return d
 
