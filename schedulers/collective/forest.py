@@ -85,6 +85,7 @@ from schedulers.transport.peers import Acceptor, Hello, dial
 
 PACE_MARGIN = 1.05             # pacing above the planned goodput: the kernel paces headers too (about 3.5%)
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
+PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers
 MIN_TREE_CHUNK_NUMEL = MIN_CHUNK_NUMEL   # 16 KiB: the smallest chunk a slow tree gets (Python's cost per frame)
 
 
@@ -150,8 +151,8 @@ class ForestParams(SchedulerParams):
     bandwidth: Literal["measured", "configured"] = Field(
         default="measured", description="measured: plan on what a probe at start-up measures and re-plan when "
         "the all-reduce time changes (forest_replan.py); configured: plan once on the capacity graph's rates")
-    probe_s: float = Field(default=0.5, gt=0.05, le=10,
-                           description="length of one probe round, seconds (n + 2 rounds)")
+    probe_s: float = Field(default=PROBE_S, gt=0.05, le=10,
+                           description="length of one probe round, seconds (n + 2 rounds, back to back)")
     replan_threshold: float = Field(default=0.25, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
                                                 "[ref / (1 + t), ref * (1 + t)]; t a fraction (0.25: 25 percent)")

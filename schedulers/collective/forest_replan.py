@@ -15,21 +15,27 @@ boundary, when no gradient is in flight anywhere:
 Start-up runs the same probe before iteration 0.
 
 Trigger. Worker 0 times each iteration's all-reduce (its first push to its last average).
-The median of the last 5 iterations under a plan (from its third) is its reference, so slow
-drift is followed. Two iterations in a row slower than (1 + threshold) times the reference,
-or both faster than reference / (1 + threshold), each also by at least MIN_CHANGE_S and by 3
-median absolute deviations of the reference, mean the bandwidth changed: iteration i + 2
-re-probes and re-plans, the third iteration after the change. So do two iterations in a row
-slower than twice the plan's own prediction (the gradient over the plan's rate, or the
-backward pass if that is longer): a change
-that came during the probe (which takes the largest reading of each link over its rounds)
-leaves a plan that cannot run at its rate, and a reference taken under it would hide that.
-One iteration is not enough: at 15 Mb/s the all-reduce time varies by +-20% between
-iterations, and a single-iteration trigger re-probed three times in 60 iterations on noise
-alone, at 5.7 s a probe. The default threshold, 0.25, keeps apart what these runs showed as
-noise (two iterations at 1.17x, after which the re-probe found the same rates) from the
-changes they were built for (3.4x after a tenant's arrival). A change that does not move
-the all-reduce time (a link no tree is limited by got faster) goes unnoticed.
+The median of the last 5 iterations under a plan (from its third: the first two after a
+re-plan ran at 0.45 and 0.42 s where the plan settled at 0.32, and a reference taken from
+them re-planned again on the plan's own speed-up) is its reference, so slow drift is
+followed. Two iterations in a row slower than (1 + threshold) times the reference, or both
+faster than reference / (1 + threshold), each also by at least MIN_CHANGE_S and by 3 median
+absolute deviations of the reference, mean the bandwidth changed: iteration i + 2 re-probes
+and re-plans, the third iteration after the change. So do two iterations in a row slower
+than twice the plan's own prediction (the gradient over the plan's rate, or the backward
+pass if that is longer): a change that came during the probe (which takes the largest
+reading of each link over its rounds) leaves a plan that cannot run at its rate, and a
+reference taken under it would hide that. One iteration is not enough: at 15 Mb/s the
+all-reduce time varies by +-20% between iterations, and a single-iteration trigger
+re-probed three times in 60 iterations on noise alone, at 5.7 s a probe (0.5 s rounds with
+gaps then; 2.75 s for 9 workers now). The default threshold, 0.25, keeps apart what these
+runs showed as noise (two iterations at 1.17x, after which the re-probe found the same
+rates) from the changes they were built for (3.4x after a tenant's arrival). A change that
+does not move the all-reduce time (a link no tree is limited by got faster) goes unnoticed.
+
+Probe cost. Rounds of 0.25 s (probe_s), back to back: n + 2 rounds, 2.75 s for 9 workers.
+Shorter rounds read noisier capacities, and the largest reading per link is kept: at 0.15 s
+a 20x-spread star was planned on over-read links and ran at 0.73 of its bound (0.99 at 0.25).
 """
 from __future__ import annotations
 
@@ -48,13 +54,15 @@ from schedulers.collective.forest_plan import ForestPlan, plan_forest
 from schedulers.core.linkmodel import LinkModel
 from schedulers.transport.connection import Kind
 
-PROBE_GAP_S = 0.05          # between rounds: the previous round's queued bytes drain
+PROBE_GAP_S = 0.0           # between rounds (bytes of the last round still draining are counted too)
 PROBE_FRAME = np.zeros(16_384, np.float32)   # 64 KiB of filler
-REFERENCE_ITERATIONS = 3    # iterations under a new plan before its reference time is trusted
+SETTLE_ITERATIONS = 2       # the first iterations under a new plan are left out of its reference
+REFERENCE_ITERATIONS = 3    # iterations in the reference before it is trusted
 REFERENCE_WINDOW = 5        # the reference: median all-reduce time of its last this many iterations
 MIN_CHANGE_S = 0.02         # a smaller change of the all-reduce time cannot repay a probe of seconds
 PLAN_EFFICIENCY_MIN = 0.5   # an all-reduce slower than twice the plan's prediction: the plan is wrong
-_ORDER = (-1,)              # control and probe frames go before any gradient
+_ORDER = (-1,)              # probe frames go before any gradient
+_CTRL_ORDER = (-2,)         # and control messages before probe frames
 
 
 class Replanner:
@@ -73,6 +81,7 @@ class Replanner:
         self.first_push: dict[int, float] = {}
         self.last_push: dict[int, float] = {}
         self.windows: list[float] = []           # all-reduce times under the current plan
+        self.installed_at = 0                    # the iteration the current plan started with
         self.epoch = 0
         self.busy: int | None = None             # the iteration being re-planned for, until installed
         self.outside: tuple[int, int] = (0, -1)  # worker 0: the last iteration's side of the band, and which
@@ -82,7 +91,7 @@ class Replanner:
     # ------------------------------------------------------------------ messages
     def send(self, peer: int, msg: dict) -> None:
         body = np.frombuffer(json.dumps(msg).encode(), np.uint8)
-        self.f.outboxes[peer].put(_ORDER, Kind.CTRL, 0, 0, max(msg.get("it", 0), 0), body)
+        self.f.outboxes[peer].put(_CTRL_ORDER, Kind.CTRL, 0, 0, max(msg.get("it", 0), 0), body)
 
     def on_message(self, sender: int, msg: dict) -> None:
         """From a receive thread, lock held."""
@@ -128,7 +137,7 @@ class Replanner:
             side, text = self._outside(window, backward)
             if side and side == self.outside[0]:
                 why = f"iterations {self.outside[1]} and {it}: {text}"
-            elif not side:
+            elif not side and it >= self.installed_at + SETTLE_ITERATIONS:
                 self.windows.append(window)
             self.outside = (side, it)
         self.decided[it + 2] = why
@@ -184,7 +193,9 @@ class Replanner:
             self._await("go", it, [0])
         with self.f._cv:
             self.f.unpace()   # the probe measures the links, not the plan's caps
+        self._go = time.time()
         mine = self._probe(it)
+        self._rounds_end = time.time()
         if self.f.rank != 0:
             self.send(0, {"t": "report", "it": it, "rates": mine})
             msg = self._await("plan", it, [0])[0]
@@ -195,7 +206,7 @@ class Replanner:
                 self.send(p, msg)
             msg = json.loads(json.dumps(msg))    # what the others parse, to the last bit
         with self.f._cv:
-            self.windows, self.outside = [], (0, -1)
+            self.windows, self.outside, self.installed_at = [], (0, -1), it
             self.epoch = msg["record"]["epoch"]
             self.f.install(ForestPlan.from_dict(msg["plan"]), msg["record"])
             self.busy = None
@@ -212,6 +223,7 @@ class Replanner:
         plan = dataclasses.replace(plan, assumed_topology=self.assumed)
         record = {"epoch": self.epoch + (it > 0), "iteration": it, "time": t0, "reason": why,
                   "probe_s": probed - t0, "plan_s": time.time() - probed,
+                  "ready_s": self._go - t0, "rounds_s": self._rounds_end - self._go,
                   "rate_bps": plan.rate, "optimum_bps": plan.optimum, "trees": len(plan.trees),
                   "capacity_bps": {f"{u}>{v}": float(c) for (u, v), c in zip(self.model.links, capacity,
                                                                                strict=True)}}
@@ -239,6 +251,8 @@ class Replanner:
         peers = list(self.f.conns)
         before = {j: (self.f.conns[j].bytes_arrived(), time.monotonic()) for j in peers}
         _sleep_until(stop)
+        for j in dests:    # what is still queued would only load the next round
+            self.f.outboxes[j].drop(Kind.PROBE)
         rates = {}
         for j in peers:
             got0, t_a = before[j]

@@ -382,6 +382,16 @@ class Outbox:
             if not self._aborted_evt.wait(SEND_ERROR_GRACE_S):
                 self._on_error(e)
 
+    def drop(self, kind: Kind) -> int:
+        """Forget the queued frames of `kind` (not the one being written); how many there were."""
+        with self._cv:
+            kept = [e for e in self._heap if e[0] == _STOP or e[2][0] != kind]
+            dropped = len(self._heap) - len(kept)
+            if dropped:
+                heapq.heapify(kept)
+                self._heap = kept
+            return dropped
+
     def close(self, timeout: float = 30.0) -> None:
         """Send what is queued and a BYE, then stop the thread."""
         with self._cv:
