@@ -82,7 +82,8 @@ from analysis.capacity import route, run_capacity, time_dilation
 from contracts.role_spec import RoleSpec
 from contracts.scheduler_info import NO_BOUND
 
-MAX_LP_HOSTS = 32  # the forest LP's size grows as N^3; beyond this a forest run is judged by the cut bound
+MAX_LP_HOSTS = 128  # the forest LP: 2-4 s at 128 hosts (forest_rate_bps); beyond, forest is judged by the cut bound
+SPREAD = 0.1  # forest LP: the share of the rate its second LP gives every arc it can (forest_rate_bps)
 COLUMNS = ["comm_bound_s", "cut_bound_s", "bound_s", "efficiency", "bound_model", "bound_capacity",
            "efficiency_basis", "bound_configured_s", "cut_efficiency", "ring_rank_order_bound_s",
            "bound_line_rate_s", "efficiency_line_rate"]
@@ -245,24 +246,55 @@ def _pair_loads(g: nx.DiGraph, workers: list[str]) -> tuple[list[tuple[str, str]
     return links, load
 
 
+def _rooted_cuts(z: np.ndarray, tail: np.ndarray, head: np.ndarray, n: int) -> tuple[float, list[frozenset[int]]]:
+    """(the least max flow from worker 0 to another under arc capacities z, and per other worker
+    t the two minimum 0-t cuts as the sets on 0's side: those 0 still reaches in the residual
+    network, and all but those that still reach t). networkx's Edmonds-Karp: each augmentation
+    empties a residual arc exactly, so float capacities are safe."""
+    from networkx.algorithms.flow import edmonds_karp
+
+    tiny = 1e-12 * z.max()
+    flow = nx.DiGraph()
+    flow.add_nodes_from(range(n))
+    flow.add_weighted_edges_from(((int(u), int(v), c) for u, v, c in zip(tail, head, z) if c > tiny),
+                                 weight="capacity")
+    least, sides = math.inf, []
+    for t in range(1, n):
+        r = edmonds_karp(flow, 0, t)
+        least = min(least, r.graph["flow_value"])
+        left = nx.DiGraph((u, v) for u, v, d in r.edges(data=True) if d["capacity"] - d["flow"] > tiny)
+        left.add_nodes_from(range(n))
+        sides += [frozenset(nx.descendants(left, 0) | {0}), frozenset(range(n)) - nx.ancestors(left, t) - {t}]
+    return least, sides
+
+
 def forest_rate_bps(g: nx.DiGraph, workers: list[str]) -> float:
     """The LP optimum of fractional spanning-tree packing (gradient bit/s all-reduced).
 
     Formulation (directed cuts, Edmonds' branching theorem): orient every tree away from
     worker 0. Arc (u, v) between workers gets capacity z_uv >= 0; a tree edge carries its
     slice both ways, so z_uv loads link k by load[u, v, k] and sum z * load <= c. The z
-    contain a fractional packing of arborescences of total rate L rooted at 0 exactly when,
-    for every other worker t, L units can flow from 0 to t within z (max-flow min-cut and
-    Edmonds), and every arborescence is a spanning tree. So
+    contain a fractional packing of arborescences of total rate L rooted at 0 exactly when
+    every set S of workers that holds 0 and not all of them has z(S -> rest) >= L (Edmonds),
+    and every arborescence is a spanning tree. So
 
-        max L  s.t.  f^t a flow of L from 0 to t with f^t <= z (t = 1..N-1),
-                     sum_uv z_uv load[u, v, k] <= c_k,  z, f >= 0.
+        max L  s.t.  sum_uv z_uv load[u, v, k] <= c_k,  z(S -> rest) >= L for every such S,  z >= 0.
 
-    Workers sharing a host count once (their tree edges are free). Infinite when no link
-    constrains (fewer than two hosts). O(N^3) variables: 0.2 s at 16 hosts, 3 s at 24,
-    8 s at 32 (interior point); more than MAX_LP_HOSTS is refused (64 took minutes)."""
+    Its cut rows are generated (HiGHS dual simplex, networkx max flow). Each round: (1) the LP
+    over the cuts so far, first those around each single worker, bounds the optimum L from
+    above; (2) among the z within the links that meet those cuts at L, a second LP takes one
+    that gives as many arcs as it can SPREAD * L (max sum min(z_uv, SPREAD L)): a vertex of
+    the first LP is as sparse as its rows allow and leaves most sets of workers cut off, so
+    its cuts come one handful a round (minutes at 64 hosts), where this z is connected
+    wherever capacity is spare; (3) if that z carries L from worker 0 to every worker (max
+    flow), L is reached and is the optimum; else its minimum 0-t cuts below L are rows the
+    LP lacks (`_rooted_cuts`), added. Both bounds meet within 1e-8. Workers sharing a host
+    count once (their tree edges are free). Infinite when no link constrains (fewer than two
+    hosts). 0.4-0.7 s at 64 hosts on racks and stars, 0.2 s on average and 1.9 s at most over
+    the 548 settings of bench/bench_forest_scale.py (16-64 workers; the flow formulation used
+    before took 8 s at 32 and minutes at 64), 2-4 s at 128; more than MAX_LP_HOSTS is refused."""
     from scipy.optimize import linprog
-    from scipy.sparse import coo_matrix, csr_matrix, hstack, identity, kron, vstack
+    from scipy.sparse import csr_matrix, hstack, identity, vstack
 
     workers = list(dict.fromkeys(workers))  # workers of one host: joined by free tree edges, one node
     n = len(workers)
@@ -271,29 +303,47 @@ def forest_rate_bps(g: nx.DiGraph, workers: list[str]) -> float:
     links, load = _pair_loads(g, workers)
     if n < 2 or not links:
         return math.inf
-    scale = max(g.edges[e]["capacity"] for e in links)
-    arcs = [(u, v) for u, v in itertools.permutations(range(n), 2)]
-    na, nt = len(arcs), n - 1
-    # variables: [L, z (na), f^1 .. f^(n-1) (na each)]
-    cap_rows = hstack([csr_matrix((len(links), 1)), csr_matrix(np.array([load[u, v] for u, v in arcs]).T),
-                       csr_matrix((len(links), nt * na))])
-    flow_le_z = hstack([csr_matrix((nt * na, 1)), -kron(np.ones((nt, 1)), identity(na)), identity(nt * na)])
-    # node-arc incidence without the root's row: (out - in) at v
-    inc = coo_matrix(([1.0] * na + [-1.0] * na, ([u for u, _ in arcs] + [v for _, v in arcs],
-                                                   list(range(na)) * 2)), shape=(n, na)).tocsr()[1:]
-    sink = np.zeros((nt * (n - 1), 1))
-    for t in range(1, n):
-        sink[(t - 1) * (n - 1) + (t - 1)] = 1.0  # out - in + L = 0 at the sink t
-    conserve = hstack([csr_matrix(sink), csr_matrix((nt * (n - 1), na)), kron(identity(nt), inc)])
-    cost = np.zeros(1 + na + nt * na)
-    cost[0] = -1.0
-    res = linprog(cost, A_ub=vstack([cap_rows, flow_le_z]).tocsc(),
-                  b_ub=np.concatenate([[g.edges[e]["capacity"] / scale for e in links], np.zeros(nt * na)]),
-                  A_eq=conserve.tocsc(), b_eq=np.zeros(nt * (n - 1)), bounds=(0, None),
-                  method="highs-ds" if n <= 16 else "highs-ipm")  # measured fastest at each size
-    if res.status != 0:
-        raise RuntimeError(f"forest LP: {res.message}")
-    return float(res.x[0]) * scale
+    tail, head = (np.array(x) for x in zip(*itertools.permutations(range(n), 2)))
+    na, m = len(tail), len(links)
+    loads = csr_matrix(load[tail, head].T)                   # link x arc
+    cap = np.array([g.edges[e]["capacity"] for e in links])
+    scale = cap.max()
+
+    def crossing(side: frozenset[int]) -> np.ndarray:        # the arcs from side to the rest
+        inside = np.isin(np.arange(n), list(side))
+        return inside[tail] & ~inside[head]
+
+    everyone = frozenset(range(n))
+    cuts = [frozenset({0}), *(everyone - {t} for t in range(1, n))]
+    known = set(cuts)
+    while True:
+        cross = csr_matrix(np.array([crossing(s) for s in cuts], float))
+        k = len(cuts)
+        # (1) variables [L, z], capacities in units of the largest: max L, L - z(S -> rest) <= 0
+        res = linprog(np.append(-1.0, np.zeros(na)),
+                      A_ub=vstack([hstack([csr_matrix((m, 1)), loads]), hstack([np.ones((k, 1)), -cross])]).tocsc(),
+                      b_ub=np.append(cap / scale, np.zeros(k)), bounds=(0, None), method="highs-ds")
+        if res.status != 0:
+            raise RuntimeError(f"forest LP: {res.message}")
+        rate = float(res.x[0]) * scale
+        # (2) variables [z, s] in units of L: max sum s, s <= z, s <= SPREAD, z(S -> rest) >= 1 - 1e-9
+        res = linprog(np.append(np.zeros(na), -np.ones(na)),
+                      A_ub=vstack([hstack([loads, csr_matrix((m, na))]), hstack([-cross, csr_matrix((k, na))]),
+                                   hstack([-identity(na), identity(na)])]).tocsc(),
+                      b_ub=np.concatenate([cap / rate, np.full(k, -(1 - 1e-9)), np.zeros(na)]),
+                      bounds=[(0, None)] * na + [(0, SPREAD)] * na, method="highs-ds")
+        if res.status != 0:
+            raise RuntimeError(f"forest LP (spread): {res.message}")
+        z = res.x[:na]
+        carried, sides = _rooted_cuts(z, tail, head, n)
+        if carried >= 1 - 1e-8:
+            return rate
+        new = [s for s in dict.fromkeys(sides) if s not in known and z[crossing(s)].sum() < 1 - 1e-8]
+        if not new:
+            raise RuntimeError(f"forest LP: the cuts' optimum {rate:.6g} bit/s is carried only to "
+                               f"{carried * rate:.6g}, and no cut is violated")
+        known.update(new)
+        cuts += new
 
 
 def forest_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:

@@ -7,7 +7,7 @@ racks (sqrt(N) racks of sqrt(N) hosts, or 4 x 8 at 32; 100 Mb/s hosts, 4:1 uplin
 star whose 100 Mb/s hosts are scaled by a seeded lognormal (sigma 1). Columns: the plan's
 time (`schedulers.forest_plan.plan_forest`, median of --repeat calls after one warm-up, so
 without the one-time import of scipy.optimize, printed first), its trees, and beside it
-`analysis.bounds.forest_rate_bps` (the arborescence-flow LP, another formulation, one solve)
+`analysis.bounds.forest_rate_bps` (the arborescence-cut LP: another formulation, another oracle)
 with its time and plan rate / that LP's optimum. That LP refuses more than MAX_LP_HOSTS.
 
 Before the exact planner, it ran Garg-Konemann (eps 0.03) and then column generation for the

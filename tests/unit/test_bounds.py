@@ -168,8 +168,25 @@ def agreement_graphs():
     yield "co-located workers", star_graph([100, 10, 40])[0], ["h0", "h0", "h1", "h2", "h2"]
 
 
+def spread_racks(racks: int, per_rack: int, over: int) -> tuple[nx.DiGraph, list[str]]:
+    """Racks of 100 Mb/s hosts, ranks dealt round-robin across the racks (the worst given order)."""
+    net = RacksTopology(kind="racks", racks=racks, hosts_per_rack=per_rack, host_bw_mbps=100,
+                        oversubscription=over).resolve()
+    return capacity_graph(net), [f"r{r}h{j}" for j in range(per_rack) for r in range(racks)]
+
+
+@pytest.mark.slow
+def test_forest_lp_at_64_hosts():
+    """4 racks of 16 hosts, ranks dealt round-robin, 4:1 and 20:1 uplinks: the LP solves in
+    about a second and meets the planner's optimum."""
+    for over in (4, 20):
+        g, hosts = spread_racks(4, 16, over)
+        assert len(hosts) <= MAX_LP_HOSTS
+        assert forest_rate_bps(g, hosts) == pytest.approx(planner_optimum(g, hosts), rel=1e-7)
+
+
 def test_forest_lp_agrees_with_the_planners_optimum():
-    """Two formulations of one LP: analysis/bounds.py's arborescence flows and the planner's
+    """Two formulations of one LP: analysis/bounds.py's arborescence cuts and the planner's
     column generation with an MST oracle. Max relative difference over these graphs < 1e-7."""
     worst = 0.0
     for name, g, hosts in agreement_graphs():
