@@ -64,6 +64,7 @@ from schedulers.core.linkmodel import LinkModel
 DEFAULT_EPSILON = 0.03  # accepted and recorded only: the plan is exact (module docstring)
 MAX_ROUNDS = 2000  # column generation: a safety net; 64 workers on racks take about 64 rounds
 MIN_FRACTION = 1e-3  # a tree carrying less is not worth its connections and frames; dropped
+RATE_SLACK = 1e-7  # the shallowest forest may give up this much of the optimum (the solver's tolerance)
 
 
 
@@ -100,11 +101,12 @@ def _pair_price(model: LinkModel, w: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- packing
-def _restricted_lp(model: LinkModel, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _restricted_lp(model: LinkModel, a: np.ndarray, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """max sum y over the trees whose link loads are the columns of `a` (m x k); returns
-    (y in bit/s, link prices w = the LP's duals, for capacities normalised to max c = 1)."""
+    (y in bit/s, link prices w = the LP's duals). The LP sees rates in units of `scale`
+    (default: the largest capacity, so capacities are at most 1); the duals do not depend on it."""
     from scipy.optimize import linprog  # here: importing the registry must stay cheap
-    scale = model.capacity.max()
+    scale = model.capacity.max() if scale is None else scale
     res = linprog(-np.ones(a.shape[1]), A_ub=a, b_ub=model.capacity / scale, bounds=(0, None),
                   method="highs-ds")
     if res.status != 0:
@@ -150,17 +152,23 @@ def lp_optimum(model: LinkModel, max_rounds: int = MAX_ROUNDS) -> tuple[float, f
 def _shallowest(model: LinkModel, a: np.ndarray, radius: np.ndarray, rate: float) -> np.ndarray | None:
     """Among forests of (almost) this rate over the trees of `a`, one whose trees are shallowest
     on average: a chunk waits one hop per level, so depth is the pipeline's start-up latency.
-    None if these trees cannot reach the rate."""
+    None if these trees cannot reach the rate within RATE_SLACK.
+
+    Both LPs count rates in units of `rate` (the forest's slices: they sum to 1), so the
+    solver's absolute tolerances (1e-7) are relative to the rate. Whether the trees reach it
+    is the question their own optimum answers, an LP that is always feasible; asked of the
+    depth LP as its feasibility instead, a forest short by about the tolerance left HiGHS
+    undecided (model status Unknown; 64 workers on 4 racks of 16, ranks round-robin)."""
     from scipy.optimize import linprog
-    scale = model.capacity.max()
-    res = linprog(radius, A_ub=np.vstack([a, -np.ones((1, a.shape[1]))]),
-                  b_ub=np.append(model.capacity / scale, -rate / scale * (1 - 1e-7)),
-                  bounds=(0, None), method="highs-ds")
-    if res.status == 2:
+    reach = _restricted_lp(model, a, scale=rate)[0].sum() / rate
+    if reach < 1 - RATE_SLACK:
         return None
+    res = linprog(radius, A_ub=np.vstack([a, -np.ones((1, a.shape[1]))]),
+                  b_ub=np.append(model.capacity / rate, -min(1 - RATE_SLACK, reach * (1 - 1e-9))),
+                  bounds=(0, None), method="highs-ds")
     if res.status != 0:
         raise RuntimeError(f"forest LP (depth) failed: {res.message}")
-    return res.x * scale
+    return res.x * rate
 
 
 def _few_trees(model: LinkModel, a: np.ndarray, radius: np.ndarray, rate: float) -> np.ndarray:
