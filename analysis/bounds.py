@@ -41,7 +41,10 @@ MODELS says what each one is (the report quotes it) and computes it:
 `cut_bound_s` is model-free, for every run with 2 or more workers: for every split of the
 workers into two sides, each side needs G bytes of the other's contributions, so G must
 cross the maximum flow between the sides, in each direction (relaying through any node).
-All 2^H - 2 splits of the H worker hosts up to 12 hosts, single hosts beyond. It holds for every scheme that
+All 2^H - 2 splits of the H worker hosts up to 12 hosts; beyond, each host alone and, where
+the graph is a tree (every testbed topology), the hosts beyond each link: on a tree the
+tightest split is among those (a minimal cut's every link direction, alone, bounds a split
+at least as tight), so the bound is the exhaustive one. It holds for every scheme that
 moves each side's contribution uncompressed, parameter servers included.
 
 Payload, not line rate: every scheduler here (gloo included) moves its bytes over TCP/IPv4 on
@@ -84,6 +87,7 @@ from contracts.scheduler_info import NO_BOUND
 
 MAX_LP_HOSTS = 128  # the forest LP: 2-4 s at 128 hosts (forest_rate_bps); beyond, forest is judged by the cut bound
 SPREAD = 0.1  # forest LP: the share of the rate its second LP gives every arc it can (forest_rate_bps)
+EXHAUSTIVE_CUT_HOSTS = 12  # the cut bound tries all 2^H - 2 splits up to this many hosts (cut_splits)
 COLUMNS = ["comm_bound_s", "cut_bound_s", "bound_s", "efficiency", "bound_model", "bound_capacity",
            "efficiency_basis", "bound_configured_s", "cut_efficiency", "ring_rank_order_bound_s",
            "bound_line_rate_s", "efficiency_line_rate"]
@@ -215,16 +219,43 @@ def _cut_bps(g: nx.DiGraph, side_a: tuple[str, ...], side_b: tuple[str, ...]) ->
     return nx.maximum_flow_value(h, "_src", "_dst")
 
 
-def cut_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float) -> float:
+def _link_sides(g: nx.DiGraph, hosts: list[str]) -> list[tuple[str, ...]]:
+    """On a tree-shaped graph (links taken both ways), per link the hosts beyond it seen from
+    hosts[0]: the split that removing the link makes. [] on any other graph."""
+    und = g.to_undirected(as_view=True)
+    if not nx.is_tree(und):
+        return []
+    below = nx.bfs_tree(und, hosts[0])
+    out = []
+    for _, child in below.edges:
+        beyond = {child} | nx.descendants(below, child)
+        out.append(tuple(w for w in hosts if w in beyond))
+    return out
+
+
+def cut_splits(g: nx.DiGraph, hosts: list[str], exhaustive: bool | None = None) -> list[tuple[str, ...]]:
+    """One side of each split cut_bound_s tries, each split once. exhaustive (default: up to
+    EXHAUSTIVE_CUT_HOSTS hosts): all 2^H - 2; else each host alone and, on a tree, the hosts
+    beyond each link, which include the tightest split (cut_bound_s)."""
+    if exhaustive is None:
+        exhaustive = len(hosts) <= EXHAUSTIVE_CUT_HOSTS
+    if exhaustive:  # the side that holds hosts[0]
+        return [(hosts[0], *c) for k in range(len(hosts) - 1) for c in itertools.combinations(hosts[1:], k)]
+    out: dict[frozenset[str], tuple[str, ...]] = {}
+    for side in [*((w,) for w in hosts), *_link_sides(g, hosts)]:
+        key = frozenset(side) if hosts[0] not in side else frozenset(hosts) - frozenset(side)
+        if 0 < len(side) < len(hosts):
+            out.setdefault(key, side)
+    return list(out.values())
+
+
+def cut_bound_s(g: nx.DiGraph, workers: list[str], grad_bytes: float, exhaustive: bool | None = None) -> float:
+    """G over the smallest max flow between the two sides of the splits of `cut_splits`, each way."""
     hosts = list(dict.fromkeys(workers))  # workers sharing a host exchange without a link
     if len(hosts) < 2:
         return 0.0
-    if len(hosts) <= 12:  # each split once: the side that holds hosts[0]; both directions below
-        sides = [(hosts[0], *c) for k in range(len(hosts) - 1) for c in itertools.combinations(hosts[1:], k)]
-    else:
-        sides = [(w,) for w in hosts]
     worst = 0.0
-    for a in sides:
+    for a in cut_splits(g, hosts, exhaustive):
         b = tuple(w for w in hosts if w not in a)
         for x, y in ((a, b), (b, a)):
             worst = max(worst, grad_bytes * 8 / _cut_bps(g, x, y))

@@ -19,10 +19,12 @@ import networkx as nx
 import pytest
 
 from analysis.bounds import (
+    EXHAUSTIVE_CUT_HOSTS,
     MAX_LP_HOSTS,
     best_ring_bound_s,
     bound_model,
     cut_bound_s,
+    cut_splits,
     forest_bound_s,
     forest_rate_bps,
     ps_bound_s,
@@ -62,6 +64,46 @@ def test_cut_bound_sees_an_oversubscribed_rack_uplink():
                                                      "host_bw_mbps": 100, "oversubscription": 4}).resolve())
     # The 50 Mb/s uplink separates the racks: G crosses it each way.
     assert cut_bound_s(g, ["r0h0", "r0h1", "r1h0", "r1h1"], G) == pytest.approx(G * 8 / 50e6)
+
+
+def switch_tree(seed: int, num_switches: int, num_hosts: int) -> tuple[nx.DiGraph, list[str]]:
+    """Switches on a random tree, hosts on random switches, every link direction its own rate."""
+    rnd = random.Random(seed)
+    g = nx.DiGraph()
+    tree = nx.random_labeled_tree(num_switches, seed=seed)
+    g.add_nodes_from((f"s{s}" for s in tree), kind="switch")
+    links = [(f"s{a}", f"s{b}") for a, b in tree.edges]
+    hosts = [f"h{i}" for i in range(num_hosts)]
+    g.add_nodes_from(hosts, kind="host")
+    links += [(h, f"s{rnd.randrange(num_switches)}") for h in hosts]
+    for a, b in links:
+        g.add_edge(a, b, capacity=rnd.choice([10, 25, 40, 100, 400]) * MBPS)
+        g.add_edge(b, a, capacity=rnd.choice([10, 25, 40, 100, 400]) * MBPS)
+    return g, hosts
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_link_splits_give_the_exhaustive_cut_bound_on_a_tree(seed):
+    """On a tree the tightest split is one a single link makes (a minimal cut's every link
+    direction, alone, separates a split at most as wide), so the host and link splits give
+    the bound all 2^H - 2 splits give."""
+    g, hosts = switch_tree(seed, num_switches=4 + seed % 3, num_hosts=8 + seed % 3)
+    assert len(hosts) <= EXHAUSTIVE_CUT_HOSTS
+    workers = hosts + hosts[:2]  # co-located workers count once
+    assert len(cut_splits(g, hosts, exhaustive=False)) < len(cut_splits(g, hosts, exhaustive=True))
+    assert cut_bound_s(g, workers, G, exhaustive=False) == pytest.approx(cut_bound_s(g, workers, G, exhaustive=True),
+                                                                        rel=1e-12)
+
+
+def test_cut_bound_sees_rack_uplinks_beyond_the_exhaustive_size():
+    """64 hosts on 4 racks of 16 at 100 Mb/s, 20:1 (80 Mb/s uplinks): a rack against the rest,
+    G over an uplink, is tighter than any single host (100 Mb/s)."""
+    net = RacksTopology(kind="racks", racks=4, hosts_per_rack=16, host_bw_mbps=100, oversubscription=20).resolve()
+    g, hosts = capacity_graph(net), list(net.hosts)
+    assert cut_bound_s(g, hosts, G) == pytest.approx(secs(80), rel=1e-12)
+    g.add_edge("s1", "s2", capacity=1e12)  # not a tree: the host splits alone, still a valid bound
+    g.add_edge("s2", "s1", capacity=1e12)
+    assert cut_bound_s(g, hosts, G) == pytest.approx(secs(100), rel=1e-12)
 
 
 # --------------------------------------------------------------------------- models, by hand
