@@ -18,8 +18,8 @@ MODELS says what each one is (the report quotes it) and computes it:
   order. On a tree (every topology of the testbed is one) a ring must cross each link
   direction that separates workers at least once, and the order of a depth-first walk of
   the tree crosses each exactly once, so that order is optimal for every set of rates (ring's
-  `order: topology` finds such an order by exhaustive search up to 9 workers; beyond, it keeps
-  rank order and is judged against an order it does not try). The ring in the order the ranks were given
+  `order: topology` finds such an order: by exhaustive search up to 9 workers, beyond by the same
+  depth-first walk). The ring in the order the ranks were given
   (gloo's, and ring's `order: given`) is kept beside it as `ring_rank_order_bound_s`; their
   efficiency shows what that order costs.
 - "tree_packing" (forest): the optimal fractional packing of spanning trees of the workers,
@@ -160,14 +160,8 @@ def ring_order(g: nx.DiGraph, workers: list[str]) -> list[str]:
     exactly once, the minimum for any ring."""
     if len(workers) < 2:
         return list(workers)
-    und = g.to_undirected(as_view=True)
-    rank: dict[str, int] = {}
-    stack = [workers[0]]
-    while stack:  # preorder, neighbours in name order: the same order on every machine
-        node = stack.pop()
-        if node not in rank:
-            rank[node] = len(rank)
-            stack += sorted((v for v in und[node] if v not in rank), reverse=True)
+    und = g.to_undirected(as_view=True)  # neighbours in name order: the same order on every machine
+    rank = {node: i for i, node in enumerate(nx.dfs_preorder_nodes(und, workers[0], sort_neighbors=sorted))}
     return sorted(workers, key=lambda w: rank.get(w, len(rank)))  # stable: same-host order kept
 
 

@@ -34,6 +34,8 @@ from analysis.bounds import (
 from emu.config.capacity import capacity_graph
 from emu.config.topospec import RacksTopology
 from schedulers.collective.forest_plan import lp_optimum
+from schedulers.collective.ring import SEARCH_MAX_WORKERS, depth_first_order
+from schedulers.collective.ring import ring_order as scheduler_ring_order
 from schedulers.core.linkmodel import LinkModel
 from schedulers.registry import infos
 from tests.factories import MBPS, G, racks_graph, secs, star_capacity, star_graph
@@ -151,6 +153,38 @@ def test_depth_first_ring_is_the_best_of_every_order(sizes, uplinks):
     g, hosts = racks_graph(sizes, 100, uplinks)
     brute = min(ring_bound_s(g, [hosts[0], *rest], G) for rest in itertools.permutations(hosts[1:]))
     assert best_ring_bound_s(g, list(reversed(hosts)), G) == pytest.approx(brute, rel=1e-12)
+
+
+def test_depth_first_order_is_as_good_as_the_schedulers_search():
+    """ring's `order: topology`: up to SEARCH_MAX_WORKERS it tries every order; its depth-first
+    order, used beyond, reaches the same rate on trees (co-located workers included)."""
+    for seed in range(8):
+        g, hosts = switch_tree(seed, num_switches=3 + seed % 3, num_hosts=SEARCH_MAX_WORKERS - 1 - seed % 4)
+        workers = [hosts[i] for i in random.Random(seed).sample(range(len(hosts)), len(hosts))]
+        if seed % 2:
+            workers[-1] = workers[1]
+        topology = nx.node_link_data(g, edges="links")
+        model = LinkModel.from_graph(topology, workers)
+        dfs = depth_first_order(topology, workers)
+        assert sorted(dfs) == list(range(len(workers))) and dfs[0] == 0
+        searched = scheduler_ring_order(topology, workers, "topology")
+        assert model.ring_rate_of(dfs) == pytest.approx(model.ring_rate_of(searched), rel=1e-12), seed
+
+
+@pytest.mark.parametrize("racks,per_rack,over", [(2, 8, 4), (4, 5, 1), (4, 16, 20)])
+def test_topology_ring_beyond_the_search_meets_the_best_ring_bound(racks, per_rack, over):
+    """Beyond SEARCH_MAX_WORKERS ring's `order: topology` is the depth-first order: its ring
+    bound is analysis's best_ring_bound_s, far better than the interleaved rank order where
+    uplinks are oversubscribed."""
+    g, workers = spread_racks(racks, per_rack, over)
+    order = scheduler_ring_order(nx.node_link_data(g, edges="links"), workers, "topology")
+    assert len(workers) > SEARCH_MAX_WORKERS and sorted(order) == list(range(len(workers)))
+    ring = ring_bound_s(g, [workers[i] for i in order], G)
+    assert ring == pytest.approx(best_ring_bound_s(g, workers, G), rel=1e-12)
+    if over == 1:  # full bisection: host links bind in every order, and rank order is kept
+        assert order == list(range(len(workers)))
+    else:
+        assert ring < ring_bound_s(g, workers, G) / 2
 
 
 def test_every_ring_and_forest_bound_is_at_least_the_cut():
