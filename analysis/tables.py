@@ -9,6 +9,7 @@ what sets it apart (`bytescheduler credit 256k`); only its repeats (seed, repeat
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import re
@@ -244,7 +245,7 @@ def load_runs(sweep_dir: Path, status: str | None = None, run_ids: list[str] | N
     path = Path(sweep_dir) / "runs.parquet"
     if not path.exists():
         raise NoResults(f"{path}: no such file (run the sweep first)")
-    runs = pd.read_parquet(path)
+    runs = pd.read_parquet(io.BytesIO(path.read_bytes()))  # whole: a sweep may be replacing it
     for col in [c for c in runs.columns if c.startswith("point.")]:
         # a swept list (e.g. roles.servers) comes back as an array: make it hashable text
         runs[col] = runs[col].map(lambda v: json.dumps(list(v)) if hasattr(v, "__len__") and not isinstance(v, str)

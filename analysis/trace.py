@@ -49,6 +49,7 @@ therefore approximate; the step slices and the events are not.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -86,7 +87,7 @@ def run_row(run_dir: Path) -> pd.Series:
     runs_path = run_dir.parent / "runs.parquet"
     if not runs_path.exists():
         raise NoRun(f"{run_dir}: not a run directory ({runs_path}: no such file)")
-    runs = pd.read_parquet(runs_path)
+    runs = pd.read_parquet(io.BytesIO(runs_path.read_bytes()))  # whole: a sweep may be replacing it
     row = runs[runs["run_id"] == run_dir.name] if "run_id" in runs else runs.iloc[:0]
     if row.empty:
         raise NoRun(f"{run_dir}: no run {run_dir.name!r} in {runs_path}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
 import re
@@ -186,8 +187,10 @@ def locked(sweep_dir: Path, create: bool = True) -> Iterator[None]:
 
 
 def read_runs(sweep_dir: Path) -> pd.DataFrame:
+    """runs.parquet as it is now, read whole first: pyarrow given a path takes the file's size
+    and then opens it again, so a rewrite (os.replace) in between reads a torn footer."""
     path = sweep_dir / RUNS
-    return pd.read_parquet(path) if path.exists() else pd.DataFrame()
+    return pd.read_parquet(io.BytesIO(path.read_bytes())) if path.exists() else pd.DataFrame()
 
 
 def record_run(sweep_dir: Path, row: dict[str, Any], create: bool = True) -> None:

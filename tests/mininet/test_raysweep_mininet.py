@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from emu.run import results as results_io
 from emu.sweeps import raysweep
 from tests.conftest import REPO, invoke_popen, wait_for
 from tests.factories import experiment, star_topology
@@ -98,7 +99,7 @@ def test_two_node_cluster_runs_each_once_and_retries_a_lost_nodes_run(tmp_path, 
             holder = lock_holder()
             if not (holder and parent(holder) == raylet and runs.exists()):
                 return None
-            if not pd.read_parquet(runs)["ray_node"].str.endswith(second.node_id[:8]).any():
+            if not results_io.read_runs(runs.parent)["ray_node"].str.endswith(second.node_id[:8]).any():
                 return None
             got = in_flight(holder)
             return (holder, got[0]) if got and got[1] >= 3 else None

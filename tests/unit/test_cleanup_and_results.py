@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import time
 
 import pandas as pd
@@ -42,6 +43,26 @@ def test_clean_spares_live_orchestrators_and_recycled_pids(tmp_path, procs):
         json.dumps({"kind": "role", "name": "x", "pid": live.pid, "started": start_time(live.pid) + 1}))
     assert clean(root=tmp_path) == []
     assert live.poll() is None
+
+
+def test_read_runs_while_a_sweep_rewrites_the_file_never_reads_a_torn_one(tmp_path):
+    """A report or a poll reads runs.parquet while a sweep records rows. Read by path, pyarrow
+    raised on more than half of such reads here (it takes the size, then reopens the file)."""
+    record_run(tmp_path, {"run_id": "r0", "status": "ok", "x": 0.0})
+    done = threading.Event()
+
+    def sweep():
+        for k in range(1, 150):
+            record_run(tmp_path, {"run_id": f"r{k}", "status": "ok", "x": float(k), "tag": "y" * (k % 7)})
+        done.set()
+
+    writer = threading.Thread(target=sweep)
+    writer.start()
+    sizes = []
+    while not done.is_set():
+        sizes.append(len(read_runs(tmp_path)))
+    writer.join()
+    assert len(sizes) > 10 and sizes == sorted(sizes)
 
 
 def test_record_run_replaces_by_run_id_and_keeps_others(tmp_path):
