@@ -85,7 +85,7 @@ from schedulers.transport.peers import Acceptor, Hello, dial
 
 PACE_MARGIN = 1.05             # pacing above the planned goodput: the kernel paces headers too (about 3.5%)
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
-PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers
+PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers; shorter reads noisier
 MIN_TREE_CHUNK_NUMEL = MIN_CHUNK_NUMEL   # 16 KiB: the smallest chunk a slow tree gets (Python's cost per frame)
 
 

@@ -23,8 +23,8 @@ faster than reference / (1 + threshold), each also by at least MIN_CHANGE_S and 
 absolute deviations of the reference, mean the bandwidth changed: iteration i + 2 re-probes
 and re-plans, the third iteration after the change. So do two iterations in a row slower
 than twice the plan's own prediction (the gradient over the plan's rate, or the backward
-pass if that is longer): a change that came during the probe (which takes the largest
-reading of each link over its rounds) leaves a plan that cannot run at its rate, and a
+pass if that is longer): a change that came during the probe (whose estimate comes from
+readings over all its rounds) leaves a plan that cannot run at its rate, and a
 reference taken under it would hide that. One iteration is not enough: at 15 Mb/s the
 all-reduce time varies by +-20% between iterations, and a single-iteration trigger
 re-probed three times in 60 iterations on noise alone, at 5.7 s a probe (0.5 s rounds with
@@ -33,9 +33,6 @@ runs showed as noise (two iterations at 1.17x, after which the re-probe found th
 rates) from the changes they were built for (3.4x after a tenant's arrival). A change that
 does not move the all-reduce time (a link no tree is limited by got faster) goes unnoticed.
 
-Probe cost. Rounds of 0.25 s (probe_s), back to back: n + 2 rounds, 2.75 s for 9 workers.
-Shorter rounds read noisier capacities, and the largest reading per link is kept: at 0.15 s
-a 20x-spread star was planned on over-read links and ran at 0.73 of its bound (0.99 at 0.25).
 """
 from __future__ import annotations
 
@@ -54,7 +51,6 @@ from schedulers.collective.forest_plan import ForestPlan, plan_forest
 from schedulers.core.linkmodel import LinkModel
 from schedulers.transport.connection import Kind
 
-PROBE_GAP_S = 0.0           # between rounds (bytes of the last round still draining are counted too)
 PROBE_FRAME = np.zeros(16_384, np.float32)   # 64 KiB of filler
 SETTLE_ITERATIONS = 2       # the first iterations under a new plan are left out of its reference
 REFERENCE_ITERATIONS = 3    # iterations in the reference before it is trusted
@@ -236,10 +232,10 @@ class Replanner:
         start, out = time.monotonic(), []
         for r, flows in enumerate(probe_rounds(self.f.n)):
             dests = [j for i, j in flows if i == self.f.rank]
-            begin = start + r * (self.probe_s + PROBE_GAP_S)
+            begin = start + r * self.probe_s
             _sleep_until(begin)
             out += [[r, j, bps] for j, bps in self._round(r, it, dests, begin).items() if bps > 0]
-        _sleep_until(start + len(probe_rounds(self.f.n)) * (self.probe_s + PROBE_GAP_S))
+        _sleep_until(start + len(probe_rounds(self.f.n)) * self.probe_s)
         return out
 
     def _round(self, r: int, it: int, dests: list[int], begin: float) -> dict[int, float]:

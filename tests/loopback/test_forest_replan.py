@@ -48,6 +48,20 @@ def test_estimate_sums_flows_per_link_and_the_fan_finds_a_fast_host():
     assert plan_forest(graph, hosts).rate == pytest.approx(plan_forest(topo, hosts).rate, rel=1e-6)
 
 
+def test_estimate_takes_the_median_of_the_rounds_that_saturate_a_link():
+    """Two hosts on a star. The rounds that load h0's uplink read, at a 15 Mb/s link, what
+    11 real rounds read (12.2-16.2 Mb/s: queues elsewhere hold bytes at a window's ends): the
+    estimate is their median, not the largest, and a round at half the rate does not pull it
+    down; h1's uplink, saturated in one round only, gets that round's reading."""
+    topo = star_links([15, 100])
+    model = LinkModel.from_graph(topo, ["h0", "h1"])
+    readings = [14.59, 14.8, 16.2, 13.55, 14.66, 14.65, 16.18, 12.3, 12.43, 15.29, 12.15]
+    rounds = [{(0, 1): r * MBPS} for r in readings] + [{(0, 1): 7.0 * MBPS}, {(1, 0): 90 * MBPS}]
+    est = dict(zip(model.links, estimate(model, rounds), strict=True))
+    assert est[("h0", "s1")] == pytest.approx(14.65 * MBPS)    # the largest would be 16.2
+    assert est[("h1", "s1")] == pytest.approx(90 * MBPS)
+
+
 def test_structure_keeps_non_worker_hosts_as_hosts():
     """A tenant's host in the graph must not become a relay when capacities are replaced."""
     topo = star_links([100, 100, 100])

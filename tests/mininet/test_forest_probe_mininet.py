@@ -7,7 +7,8 @@ buffer would. Every round that crosses racks loads that uplink both ways, so the
 each direction must come within a few percent of its payload rate (15 Mb/s x 1448/1514).
 Counting acknowledged bytes at the senders read it at 0.70-0.75 (repairs of lost segments, and
 acknowledgements queued behind 100 ms of data going the other way); counted where the bytes
-arrive, 0.93-1.05.
+arrive, the largest reading over the rounds at 1.04-1.13 (it failed 1 run in 3), the median of
+the saturating rounds at 0.92-1.04 (10 directions).
 """
 from __future__ import annotations
 
@@ -43,4 +44,4 @@ def test_probe_reads_a_saturated_uplink_at_its_payload_rate(tmp_path: Path, no_l
     capacity = info["plans"][0]["capacity_bps"]
     payload = UPLINK_MBPS * 1e6 * PAYLOAD_FRACTION
     shaped = {k: capacity[k] / payload for k in ("s2>s0", "s0>s2")}
-    assert all(0.85 <= v <= 1.1 for v in shaped.values()), shaped
+    assert all(0.85 <= v <= 1.08 for v in shaped.values()), shaped
