@@ -293,6 +293,7 @@ class Forest(Scheduler):
         self._done: dict[int, int] = {}
         self.conns: dict[int, Connection] = {}
         self.outboxes: dict[int, Outbox] = {}
+        self._caps: dict[int, float] = {}      # pacing: bytes/s per tree neighbour under the plan
 
     def _peer(self, rank: int) -> str:
         ep = self.ctx.workers[rank]
@@ -325,16 +326,22 @@ class Forest(Scheduler):
             self._pace(p)
 
     def _set_chunks(self, tensors: list[TensorSpec]) -> None:
-        """The plan's chunks: each tree's no longer than chunk_ms at its planned rate; and each
-        tree's largest chunk in bytes (pacing's floor)."""
+        """The plan's chunks: each tree's no longer than chunk_ms at its planned rate; and the
+        pacing cap (bytes/s) of each tree neighbour: its pair's planned rate, floored by the
+        largest chunk of the trees that join them (`pace_bytes_per_s`)."""
         p = self.params
         self.chunks = layout(tensors, [t.fraction for t in self.trees], p.chunk_numel, p.slice_chunks,
                              [tree_chunk_numel(t.rate, p.chunk_ms, p.chunk_numel) for t in self.trees])
         self._keys = sum(1 for c in self.chunks.values() if c)
-        self._chunk_bytes = [0] * len(self.trees)
+        largest = [0] * len(self.trees)
         for chunks in self.chunks.values():
             for ch in chunks:
-                self._chunk_bytes[ch.tree] = max(self._chunk_bytes[ch.tree], 4 * (ch.hi - ch.lo))
+                largest[ch.tree] = max(largest[ch.tree], 4 * (ch.hi - ch.lo))
+        # A plan on an assumed star without a probe has rates in units of its links, not bit/s.
+        real = self.replanner is not None or not self._plan.assumed_topology
+        joining, rates = pair_trees(self.trees, self.rank), pair_rates(self.trees, self.rank)
+        self._caps = {peer: pace_bytes_per_s(rates[peer], max(largest[k] for k in ks), p.chunk_ms)
+                      for peer, ks in joining.items() if real and math.isfinite(rates[peer])}
 
     def start(self, tensors: list[TensorSpec]) -> None:
         self.specs = {t.key: t for t in tensors}
@@ -427,15 +434,8 @@ class Forest(Scheduler):
         bit/s). Without it the socket is left as the kernel made it. Lock held."""
         if not self.params.pace:
             return
-        # A plan on an assumed star without a probe has rates in units of its links, not bit/s.
-        real = self.replanner is not None or (self._plan is not None and not self._plan.assumed_topology)
-        rate = pair_rates(self.trees, self.rank).get(p) if capped and real else None
-        bytes_per_s = None
-        if rate is not None and math.isfinite(rate):
-            largest = max(self._chunk_bytes[k] for k in pair_trees(self.trees, self.rank)[p])
-            bytes_per_s = pace_bytes_per_s(rate, largest, self.params.chunk_ms)
         try:
-            pace(self.conns[p].sock, bytes_per_s)
+            pace(self.conns[p].sock, self._caps.get(p) if capped and self._plan is not None else None)
         except OSError:
             pass   # a closed socket: its receive thread reports why
 

@@ -189,15 +189,15 @@ class Replanner:
             self._await("go", it, [0])
         with self.f._cv:
             self.f.unpace()   # the probe measures the links, not the plan's caps
-        self._go = time.time()
+        go = time.time()
         mine = self._probe(it)
-        self._rounds_end = time.time()
+        rounds_end = time.time()
         if self.f.rank != 0:
             self.send(0, {"t": "report", "it": it, "rates": mine})
             msg = self._await("plan", it, [0])[0]
         else:
             reports = [mine] + [m["rates"] for m in self._await("report", it, others)]
-            msg = self._plan(it, why, reports, t0)
+            msg = self._plan(it, why, reports, (t0, go, rounds_end))
             for p in others:
                 self.send(p, msg)
             msg = json.loads(json.dumps(msg))    # what the others parse, to the last bit
@@ -208,7 +208,9 @@ class Replanner:
             self.busy = None
             self.f._cv.notify_all()
 
-    def _plan(self, it: int, why: str, reports: list[list], t0: float) -> dict:
+    def _plan(self, it: int, why: str, reports: list[list], times: tuple[float, float, float]) -> dict:
+        """`times`: when the re-plan began, when GO came and when the probe's rounds ended."""
+        t0, go, rounds_end = times
         rounds: list[dict[Pair, float]] = [{} for _ in probe_rounds(self.f.n)]
         for receiver, rates in enumerate(reports):    # reports[k]: what worker k received
             for r, src, bps in rates:
@@ -219,7 +221,7 @@ class Replanner:
         plan = dataclasses.replace(plan, assumed_topology=self.assumed)
         record = {"epoch": self.epoch + (it > 0), "iteration": it, "time": t0, "reason": why,
                   "probe_s": probed - t0, "plan_s": time.time() - probed,
-                  "ready_s": self._go - t0, "rounds_s": self._rounds_end - self._go,
+                  "ready_s": go - t0, "rounds_s": rounds_end - go,
                   "rate_bps": plan.rate, "optimum_bps": plan.optimum, "trees": len(plan.trees),
                   "capacity_bps": {f"{u}>{v}": float(c) for (u, v), c in zip(self.model.links, capacity,
                                                                                strict=True)}}

@@ -17,6 +17,7 @@ import pytest
 
 from schedulers import registry
 from schedulers.collective.forest import (
+    CHUNK_MS,
     PACE_MARGIN,
     Forest,
     layout,
@@ -167,21 +168,24 @@ def test_a_pair_is_planned_at_the_sum_of_the_trees_that_join_it():
     assert pair_rates(trees, 1) == {0: 50e6}
 
 
-def test_pace_caps_each_connection_at_its_pairs_planned_rate():
+@pytest.mark.parametrize("mbps", [100, 1])
+def test_pace_caps_each_connection_at_its_pairs_planned_rate(mbps):
     """With `pace`, worker r's connection to p is capped at the plan's rate for the pair, plus
-    the margin for headers, in bytes/s; without it, not at all (the kernel's ~0)."""
+    the margin for headers, in bytes/s; without it, not at all (the kernel's ~0). On 1 Mb/s
+    links the cap is the floor instead: a tree's 16 KiB chunk in chunk_ms (2 MB/s)."""
     hosts = ["h0", "h1", "h2"]
     eps = endpoints(hosts)
     tensors = [TensorSpec(0, "t", 50_000, 0)]
+    floor = 16_384 / (CHUNK_MS / 1000)
 
     def work(r, paced):
-        sched = registry.create("forest", ctx(r, eps, star_links([100, 100, 100])),
+        sched = registry.create("forest", ctx(r, eps, star_links([mbps] * 3)),
                                 {"bandwidth": "configured", "pace": paced})
         sched.start(tensors)
         sched.push(0, np.ones(50_000, np.float32), 0)
         sched.wait(0, 0)
         caps = {p: c.sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE) for p, c in sched.conns.items()}
-        want = {p: int(bps / 8 * PACE_MARGIN) for p, bps in pair_rates(sched.trees, r).items()}
+        want = {p: int(max(bps / 8 * PACE_MARGIN, floor)) for p, bps in pair_rates(sched.trees, r).items()}
         sched.close()
         return caps, want
 
@@ -192,7 +196,11 @@ def test_pace_caps_each_connection_at_its_pairs_planned_rate():
             caps, want = out[r]
             assert caps and set(caps) == set(want)
             if paced:
-                assert all(abs(caps[p] - want[p]) <= 1 and 0 < want[p] < 100e6 / 8 * 1.1 for p in caps), (caps, want)
+                assert all(abs(caps[p] - want[p]) <= 1 for p in caps), (caps, want)
+                if mbps == 1:     # every pair under its floor
+                    assert set(want.values()) == {int(floor)}, want
+                else:
+                    assert all(0 < w < 100e6 / 8 * 1.1 for w in want.values()), want
             else:
                 assert all(c in (-1, 0xFFFFFFFF) for c in caps.values()), caps
 
