@@ -173,6 +173,7 @@ class BucketCollective(Scheduler):
         if not complete:
             if not self._failure.failed:
                 self._abort(f"{self._peer(self.rank)} closed with iterations unfinished")
+            self._failure.told()   # a failure's ABORTs are out before the caller may exit
             return
         peers = self._bye()
         with self._cv:
@@ -236,9 +237,10 @@ class BucketCollective(Scheduler):
 
     def _fail(self, reason: str, via: str | None = None) -> None:
         """The first failure wins: remember it, wake waiters, tell every peer (who pass the
-        reason on unchanged, so it names the peer that failed first)."""
-        if self._failure.fail(reason if via is None else f"{reason} (relayed by {via})"):
-            self._abort(reason)
+        reason on unchanged, so it names the peer that failed first); the error reaches
+        the caller once they have been told."""
+        if self._failure.fail(reason if via is None else f"{reason} (relayed by {via})",
+                              tell=lambda _: self._abort(reason)):
             return
         with self._cv:
             self._ended += 1  # a peer went away while we close: stop waiting for it

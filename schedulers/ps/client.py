@@ -244,6 +244,7 @@ class PSBase(Scheduler):
             # Each server answers our BYE with its own once it has sent us everything.
             self.loop.call_soon(self._say_bye)
             self._io.join(self.CLOSE_WAIT_S)
+        self._failure.told()   # a failure's ABORTs go out before their connections close
         for conn in self.conns:
             conn.close()
         if self._io is None or not self._io.is_alive():
@@ -257,8 +258,7 @@ class PSBase(Scheduler):
     def _fail(self, err: BaseException) -> None:
         """Keep the first error, wake `wait`, and tell every server why we stop (on the I/O
         thread, after its loop has ended)."""
-        if self._failure.fail(str(err)):
-            abort_peers(self.peers, str(err))  # the server prefixes our name
+        self._failure.fail(str(err), tell=lambda r: abort_peers(self.peers, r))  # the server prefixes our name
 
     # ------------------------------------------------------------------ receive (loop.Handler)
     def on_frame(self, peer: Peer, h: Header, payload) -> None:

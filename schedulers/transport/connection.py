@@ -22,11 +22,13 @@ error at the far end names the peer that really died, not just the messenger.
 """
 from __future__ import annotations
 
+import fcntl
 import heapq
 import itertools
 import select
 import socket
 import struct
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -79,6 +81,13 @@ ABORT_LOCK_S = 1.0  # how long an ABORT waits for the frame being written to fin
 # A send that fails means the peer is gone; its ABORT (why) or EOF is read by the receive
 # thread within moments, and is the error worth keeping, so a send error waits this long.
 SEND_ERROR_GRACE_S = 0.5
+# tcpi_state where bytes we wrote may still wait for the peer's acknowledgement: ESTABLISHED,
+# CLOSE_WAIT, and FIN_WAIT1, LAST_ACK, CLOSING, where our FIN is one of them (its sequence
+# number counts in SIOCOUTQ). `Connection.close` asks every FLUSH_POLL_S when it flushes.
+_OPEN = (1, 8, 4, 9, 11)
+_FIN_UNACKED = (4, 9, 11)
+FLUSH_POLL_S = 0.001
+_I32 = struct.Struct("=i")
 
 
 class Kind(IntEnum):
@@ -140,6 +149,7 @@ class Connection:
         self._acked, self._acked_at = 0, None
         self._send_lock = threading.Lock()
         self._head = bytearray(HEADER.size)  # received headers land here, never reallocated
+        self._outq = bytearray(_I32.size)    # SIOCOUTQ's answer lands here
         self._poll = select.poll()
         self._poll.register(sock, select.POLLOUT)
 
@@ -217,19 +227,34 @@ class Connection:
         the socket has an error that the next send will report."""
         return bool(self._poll.poll(timeout_s * 1000))
 
-    def abort(self, reason: str, sender: int = 0) -> None:
-        """Tell the peer why we give up (if a frame boundary comes within ABORT_LOCK_S and
-        the kernel takes the few bytes at once), then close. Never blocks for long."""
+    def abort(self, reason: str, sender: int = 0, deadline: float | None = None) -> None:
+        """Tell the peer why we give up (`tell`), then close once the peer has it all
+        (`close`'s flush); all by `deadline`, ABORT_LOCK_S from now by default. Never blocks
+        for long."""
+        deadline = time.monotonic() + ABORT_LOCK_S if deadline is None else deadline
+        self.tell(reason, sender, deadline)
+        self.close(flush_until=deadline)
+
+    def tell(self, reason: str, sender: int, deadline: float) -> None:
+        """Write an ABORT with `reason` after the frame being written, if that ends and the
+        kernel takes the ABORT by `deadline`, then our FIN: nothing more comes from us."""
         text = reason.encode()[:4000]
-        if self._send_lock.acquire(timeout=ABORT_LOCK_S):
-            try:
-                self.sock.send(HEADER.pack(Kind.ABORT, 0, sender, 0, 0, 0, 0, len(text)) + text,
-                               socket.MSG_DONTWAIT)
-            except OSError:
-                pass
-            finally:
-                self._send_lock.release()
-        self.close()
+        frame = memoryview(HEADER.pack(Kind.ABORT, 0, sender, 0, 0, 0, 0, len(text)) + text)
+        if not self._send_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return
+        try:
+            while frame:
+                try:
+                    frame = frame[self.sock.send(frame, socket.MSG_DONTWAIT):]
+                except (BlockingIOError, InterruptedError):
+                    pass
+                if frame and not self._poll.poll(max(0.0, deadline - time.monotonic()) * 1000):
+                    break
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        finally:
+            self._send_lock.release()
 
     # ------------------------------------------------------------------ receive
     def recv_header(self) -> Header:
@@ -264,7 +289,27 @@ class Connection:
         self.recv_into(memoryview(buf))
         return buf.decode(errors="replace")
 
-    def close(self) -> None:
+    def _unacked(self) -> int:
+        """Bytes we wrote that the peer's kernel has not acknowledged (SIOCOUTQ), our FIN not
+        counted (its acknowledgement may be delayed); 0 once the connection is gone."""
+        state = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        if state not in _OPEN:
+            return 0
+        fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, self._outq)
+        return _I32.unpack(self._outq)[0] - (state in _FIN_UNACKED)
+
+    def close(self, flush_until: float | None = None) -> None:
+        """Close, waking the threads blocked in recv or send. flush_until: after our FIN
+        (`tell`), first wait until then at most for the peer's kernel to acknowledge every
+        byte we wrote. A close with bytes of the peer's unread here resets the connection,
+        and the reset discards what we had not sent yet: an ABORT queued behind a frame that
+        the peer was slow to read would be lost, and the peer's error would name us."""
+        if flush_until is not None:
+            try:
+                while self._unacked() and time.monotonic() < flush_until:
+                    time.sleep(FLUSH_POLL_S)
+            except OSError:
+                pass
         try:
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes threads blocked in recv/send
         except OSError:

@@ -352,7 +352,13 @@ class Peer:
 
     def abort(self, reason: str, deadline: float) -> None:
         """Drop what is queued, tell the peer `reason` (after the frame being written, if it
-        can be finished by `deadline`), close."""
+        can be finished by `deadline`), close once the peer has it (by `deadline`)."""
+        self.tell(reason, deadline)
+        self.conn.close(flush_until=deadline)
+
+    def tell(self, reason: str, deadline: float) -> None:
+        """`abort` but the close: what is queued dropped, the frame being written finished
+        if it can be by `deadline`, then ABORT and our FIN (Connection.tell)."""
         with self._lock:
             self._heap.clear()
             self._closing = True
@@ -367,9 +373,8 @@ class Peer:
                 self._cur = None
             self.sock.setblocking(False)
         except OSError:
-            self.conn.close()
             return
-        self.conn.abort(reason, self.sender)
+        self.conn.tell(reason, self.sender, deadline)
 
     # ------------------------------------------------------------------ receive
     def readable(self, budget: int = FRAMES_PER_READ) -> None:
@@ -553,9 +558,12 @@ class Loop:
 
 
 def abort_peers(peers: list[Peer], reason: str) -> None:
-    """Tell every peer why we stop, within ABORT_LOCK_S in all."""
+    """Tell every peer why we stop, within ABORT_LOCK_S in all: every ABORT first, then
+    each connection closed once its peer has it (one slow peer holds up no other's ABORT)."""
     deadline = time.monotonic() + ABORT_LOCK_S
     for p in peers:
-        p.abort(reason, deadline)
+        p.tell(reason, deadline)
+    for p in peers:
+        p.conn.close(flush_until=deadline)
 
 

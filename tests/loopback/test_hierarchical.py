@@ -278,6 +278,45 @@ def test_worker_death_names_it_everywhere(dead, stop_after, procs):
         assert err is not None and f"worker {dead} (w{dead} 127.0.0.1" in err, (r, err)
 
 
+def test_the_error_reaches_the_caller_once_the_aborts_are_out(monkeypatch):
+    """Worker 2 of one group vanishes without a word. Each survivor's error must come only
+    after it has sent its ABORTs: a process that exits on the error would otherwise close its
+    connections unannounced, and a peer would see a reset or a bare close and name it, not
+    worker 2. The telling is slowed here, as a starved CPU slows a receive thread."""
+    aborted: dict[int, float] = {}
+    real = Hierarchical._abort
+
+    def slow_abort(self, reason):
+        time.sleep(0.3)
+        real(self, reason)
+        aborted[self.rank] = time.monotonic()
+
+    monkeypatch.setattr(Hierarchical, "_abort", slow_abort)
+    eps = endpoints(3)
+    tensors = specs(10, 20)
+    failed: dict[int, tuple[float, str]] = {}
+
+    def work(r):
+        s = Hierarchical(RoleContext(r, 3, [], eps, connect_timeout_s=20), HierarchicalParams())
+        s.start(tensors)
+        if r == 2:
+            for conn in s._conns:   # a crash: no BYE, no ABORT
+                conn.close()
+            return
+        try:
+            for t in tensors:
+                s.push(t.key, np.ones(t.numel, np.float32), 0)
+            s.wait(0, 0)
+        except CommError as e:
+            failed[r] = (time.monotonic(), str(e))
+
+    run_threads(work, range(3), join_s=DEATH_BOUND_S)
+    for r in (0, 1):
+        at, err = failed[r]
+        assert "worker 2 (w2 127.0.0.1" in err, (r, err)
+        assert r in aborted and at >= aborted[r], (r, "the error came before the ABORTs were out")
+
+
 @pytest.mark.parametrize("leaver", [3, 1], ids=["member", "leader"])
 def test_early_close_is_a_failure_named_after_the_leaver(leaver):
     """A worker that closes with an iteration half pushed tells the others (ABORT)."""

@@ -5,6 +5,7 @@ collective family; workers as threads, or as subprocesses for schedulers built o
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -89,6 +90,41 @@ def test_failure_keeps_the_first_reason_until_closing():
     closing.closing = True
     assert not closing.fail("a peer hung up") and not closing.failed
     assert str(closing.error("left early")) == "left early"
+
+
+def test_failure_is_raised_once_the_peers_are_told():
+    """A process often exits on the error: the ABORTs that name the culprit must be out by
+    then. So the error waits for the first failure's `tell` (here slowed, as a starved CPU
+    slows it), but not in the thread that tells, and not without bound."""
+    f = Failure("worker 0")
+    told = threading.Event()
+    raised_after_told = []
+
+    def tell(reason):
+        assert str(f.error()) == f"worker 0: {reason}"   # the teller itself does not wait for itself
+        time.sleep(0.3)
+        told.set()
+
+    def waiter():
+        with f.cv:
+            f.cv.wait_for(lambda: f.failed, 5)
+            try:
+                f.check()
+            except CommError:
+                raised_after_told.append(told.is_set())
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.05)
+    assert f.fail("worker 2 (h2) closed the connection", tell=tell)
+    th.join(5)
+    assert raised_after_told == [True]
+    stuck = Failure()
+    threading.Thread(target=stuck.fail, args=("x", lambda r: time.sleep(1)), daemon=True).start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    stuck.told(timeout=0.2)
+    assert stuck.failed and 0.15 < time.monotonic() - t0 < 1.0
 
 
 def _serve_quietly(ps):
