@@ -507,6 +507,7 @@ class Forest(Scheduler):
             self._abort(f"{self._peer(self.rank)} closed with iterations unfinished")
             return
         if failed:
+            self._failure.told()   # a failure's ABORTs are out before the caller may exit
             return
         up, down = self._gather_tree()
         for p, ob in self.outboxes.items():   # BYE at once to all but the gather parent: a peer still
@@ -688,9 +689,9 @@ class Forest(Scheduler):
         return None
 
     def _fail(self, reason: str) -> None:
-        """The first failure wins: remember it, wake waiters, tell every peer."""
-        if self._failure.fail(reason):
-            self._abort(reason)
+        """The first failure wins: remember it, wake waiters, tell every peer; the error
+        reaches the caller once they have been told (core/failure.py)."""
+        self._failure.fail(reason, tell=self._abort)
 
     def _abort(self, reason: str) -> None:
         with self._cv:
