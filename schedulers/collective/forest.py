@@ -23,12 +23,15 @@ tree's slice a chunk is, which interleaves trees in proportion to their slices
 Chunk size. Every chunk costs a fixed amount of Python time on top of its bytes, so small
 chunks waste CPU; but a chunk is forwarded only once all of it is in, so every tree level
 adds one chunk's transfer time, twice (reduce and broadcast). So a tree's chunks take at most
-`chunk_ms` (8 ms) at its planned rate, between 16 KiB and `chunk_numel` (64 KiB, which a tree
-reaches at 65 Mb/s). At 64 KiB on the 14 Mb/s of a contended rack uplink each level cost 37 ms
-where the iteration's bound was 218 ms; 16 KiB chunks took that forest from 0.71-0.76 of its
-bound to 0.86-0.88. Smaller chunks gained nothing there (8 KiB 0.88, 4 KiB 0.86) and cost CPU
-where many slow trees share fast links (a star of 6 at 100 Mb/s, 6 trees of 9 Mb/s: 9 KiB
-chunks took the CPU idle to 17%).
+`chunk_ms` (8 ms) at its planned rate, between `min_chunk_kb` (16 KiB) and `chunk_numel`
+(64 KiB, which a tree reaches at 65 Mb/s). At 64 KiB on the 14 Mb/s of a contended rack uplink
+each level cost 37 ms where the iteration's bound was 218 ms; 16 KiB chunks took that forest
+from 0.71-0.76 of its bound to 0.86-0.88. Smaller chunks gained nothing there (8 KiB 0.88,
+4 KiB 0.86) and cost CPU where many slow trees share fast links (a star of 6 at 100 Mb/s, 6
+trees of 9 Mb/s: 9 KiB chunks took the CPU idle to 17%). Where a tree's slice is only a few
+16 KiB chunks (20 workers, 15-19 trees, the small CNN), its levels barely overlap: 4 KiB took
+such a forest from 0.61-0.65 of its bound to 0.72-0.81, given the CPU for 4x the frames
+(time dilation 8; at 4 the CPU idle fell to 0.12-0.24).
 
 Pacing (`pace`, on by default). Each connection is capped (SO_MAX_PACING_RATE, TCP's own
 pacing, no fq needed) at the plan's rate for its pair of workers, the sum of the rates of the
@@ -86,7 +89,7 @@ from schedulers.transport.peers import Acceptor, Hello, dial
 PACE_MARGIN = 1.05             # pacing above the planned goodput: the kernel paces headers too (about 3.5%)
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
 PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers; shorter reads noisier
-MIN_TREE_CHUNK_NUMEL = MIN_CHUNK_NUMEL   # 16 KiB: the smallest chunk a slow tree gets (Python's cost per frame)
+MIN_TREE_CHUNK_NUMEL = MIN_CHUNK_NUMEL   # 16 KiB: a slow tree's smallest chunk by default (min_chunk_kb)
 
 
 def pair_trees(trees: tuple[Tree, ...], rank: int) -> dict[int, list[int]]:
@@ -115,13 +118,14 @@ def pace_bytes_per_s(pair_bps: float, largest_chunk_bytes: int, chunk_ms: float)
     return max(pair_bps / 8 * PACE_MARGIN, largest_chunk_bytes / (chunk_ms / 1000))
 
 
-def tree_chunk_numel(rate_bps: float | None, chunk_ms: float, chunk_numel: int) -> int:
+def tree_chunk_numel(rate_bps: float | None, chunk_ms: float, chunk_numel: int,
+                     min_numel: int = MIN_TREE_CHUNK_NUMEL) -> int:
     """The largest chunk of a tree planned at `rate_bps`: what that rate moves in chunk_ms,
-    within [MIN_TREE_CHUNK_NUMEL, chunk_numel] (chunk_numel where the rate is unbounded)."""
+    within [min_numel, chunk_numel] (chunk_numel where the rate is unbounded)."""
     if rate_bps is None or not rate_bps > 0 or rate_bps == float("inf"):
         return chunk_numel
     numel = int(rate_bps / 8 * chunk_ms / 1000 / 4)
-    return min(chunk_numel, max(MIN_TREE_CHUNK_NUMEL, numel))
+    return min(chunk_numel, max(min_numel, numel))
 
 
 class ForestParams(SchedulerParams):
@@ -133,8 +137,11 @@ class ForestParams(SchedulerParams):
     chunk_ms: float = Field(default=CHUNK_MS, gt=0, le=10_000, allow_inf_nan=False,
                             description="longest time a chunk takes at its tree's planned rate, ms: each tree "
                                         "level holds a chunk until all of it is in, so a tree on slow links gets "
-                                        f"smaller chunks (not under {MIN_TREE_CHUNK_NUMEL * 4 // 1024} KiB, never over "
-                                        "chunk_numel)")
+                                        "smaller chunks (not under min_chunk_kb, never over chunk_numel)")
+    min_chunk_kb: int = Field(default=MIN_TREE_CHUNK_NUMEL * 4 // 1024, ge=1, le=65_536,
+                              description="smallest chunk a slow tree gets, KiB: smaller chunks pipeline a tree's "
+                                          "levels better where its slice is a few chunks, at a Python cost per frame "
+                                          "(see the module docstring)")
     pace: bool = Field(default=True,
                        description="cap each connection's sending rate (SO_MAX_PACING_RATE) at the plan's rate for "
                                    "that pair of workers (the sum of the rates of the trees that join them) plus "
@@ -159,11 +166,13 @@ class ForestParams(SchedulerParams):
 
     @model_serializer(mode="wrap")
     def _without_default_chunk_ms(self, handler):
-        """chunk_ms and pace at their defaults are left out of the dump, so the run ids of configs
+        """chunk_ms, min_chunk_kb and pace at their defaults are left out of the dump, so the run ids of configs
         that do not set them stay as they were (a sweep still resumes)."""
         d = handler(self)
         if self.chunk_ms == CHUNK_MS:
             d.pop("chunk_ms", None)
+        if self.min_chunk_kb == MIN_TREE_CHUNK_NUMEL * 4 // 1024:
+            d.pop("min_chunk_kb", None)
         if self.pace:
             d.pop("pace", None)
         return d
@@ -330,8 +339,8 @@ class Forest(Scheduler):
         pacing cap (bytes/s) of each tree neighbour: its pair's planned rate, floored by the
         largest chunk of the trees that join them (`pace_bytes_per_s`)."""
         p = self.params
-        self.chunks = layout(tensors, [t.fraction for t in self.trees], p.chunk_numel, p.slice_chunks,
-                             [tree_chunk_numel(t.rate, p.chunk_ms, p.chunk_numel) for t in self.trees])
+        most = [tree_chunk_numel(t.rate, p.chunk_ms, p.chunk_numel, p.min_chunk_kb * 256) for t in self.trees]
+        self.chunks = layout(tensors, [t.fraction for t in self.trees], p.chunk_numel, p.slice_chunks, most)
         self._keys = sum(1 for c in self.chunks.values() if c)
         largest = [0] * len(self.trees)
         for chunks in self.chunks.values():

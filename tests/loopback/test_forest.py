@@ -152,6 +152,8 @@ def test_a_slow_tree_gets_chunks_of_chunk_ms_at_its_planned_rate():
     assert tree_chunk_numel(1e9, 8.0, 16_384) == 16_384          # a fast tree: chunk_numel
     assert tree_chunk_numel(14e6, 8.0, 16_384) == 4096           # a slow one: 16 KiB
     assert tree_chunk_numel(float("inf"), 8.0, 16_384) == 16_384  # no rate planned (no topology)
+    assert tree_chunk_numel(14e6, 8.0, 16_384, 1024) == 3500      # min_chunk_kb: 4
+    assert tree_chunk_numel(1e6, 8.0, 16_384, 1024) == 1024
     chunks = layout([TensorSpec(0, "t", 100_000, 0)], [0.5, 0.5], 16_384, 1, [10_000, 16_384])[0]
     slow = [ch.hi - ch.lo for ch in chunks if ch.tree == 0]
     fast = [ch.hi - ch.lo for ch in chunks if ch.tree == 1]
