@@ -8,7 +8,7 @@ each direction must come within about 10% of its payload rate (15 Mb/s x 1448/15
 Counting acknowledged bytes at the senders read it at 0.70-0.75 (repairs of lost segments, and
 acknowledgements queued behind 100 ms of data going the other way); counted where the bytes
 arrive, the largest reading over the rounds at 1.04-1.13, the upper quartile of the saturating
-rounds' readings (bandwidth.py) at 1.00-1.09 (12 directions): it errs high rather than low,
+rounds' readings (bandwidth.py) at 1.00-1.09 (28 directions): it errs high rather than low,
 since a plan paced below a link's rate loses the difference.
 """
 from __future__ import annotations
