@@ -83,9 +83,8 @@ def estimate(model: LinkModel, rounds: list[dict[Pair, float]]) -> np.ndarray:
         for (i, j), bps in rates.items():
             if bps > 0 and math.isfinite(bps):
                 loads[r] += bps * model.hop_load[i, j]
-    top = loads.max(axis=0)
-    saturating = np.where(loads >= (1 - BAND) * top, loads, np.nan)
-    est = np.where(top > 0, np.nanquantile(np.where(top > 0, saturating, 0.0), QUANTILE, axis=0), 0.0)
+    saturating = np.where(loads >= (1 - BAND) * loads.max(axis=0), loads, np.nan)   # never all NaN
+    est = np.nanquantile(saturating, QUANTILE, axis=0)
     if not est.any():
         raise ValueError("the probe measured no bandwidth on any link")
     return np.where(est > 0, est, est.max())

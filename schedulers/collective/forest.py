@@ -83,13 +83,21 @@ from schedulers.collective.forest_record import (
 )
 from schedulers.collective.forest_replan import PROBE_FRAME, Replanner
 from schedulers.core.failure import Failure
-from schedulers.transport.connection import MIN_CHUNK_NUMEL, Connection, Kind, Outbox, pace, stream_chunk_numel
+from schedulers.transport.connection import (
+    MIN_CHUNK_NUMEL,
+    Connection,
+    Kind,
+    Outbox,
+    abort_all,
+    pace,
+    stream_chunk_numel,
+)
 from schedulers.transport.peers import Acceptor, Hello, dial
 
 PACE_MARGIN = 1.05             # pacing above the planned goodput: the kernel paces headers too (about 3.5%)
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
 PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers; shorter reads noisier
-MIN_TREE_CHUNK_NUMEL = MIN_CHUNK_NUMEL   # 16 KiB: a slow tree's smallest chunk by default (min_chunk_kb)
+MIN_CHUNK_KB = MIN_CHUNK_NUMEL * 4 // 1024   # 16: a slow tree's smallest chunk by default (min_chunk_kb)
 
 
 def pair_trees(trees: tuple[Tree, ...], rank: int) -> dict[int, list[int]]:
@@ -119,7 +127,7 @@ def pace_bytes_per_s(pair_bps: float, largest_chunk_bytes: int, chunk_ms: float)
 
 
 def tree_chunk_numel(rate_bps: float | None, chunk_ms: float, chunk_numel: int,
-                     min_numel: int = MIN_TREE_CHUNK_NUMEL) -> int:
+                     min_numel: int = MIN_CHUNK_NUMEL) -> int:
     """The largest chunk of a tree planned at `rate_bps`: what that rate moves in chunk_ms,
     within [min_numel, chunk_numel] (chunk_numel where the rate is unbounded)."""
     if rate_bps is None or not rate_bps > 0 or rate_bps == float("inf"):
@@ -138,7 +146,7 @@ class ForestParams(SchedulerParams):
                             description="longest time a chunk takes at its tree's planned rate, ms: each tree "
                                         "level holds a chunk until all of it is in, so a tree on slow links gets "
                                         "smaller chunks (not under min_chunk_kb, never over chunk_numel)")
-    min_chunk_kb: int = Field(default=MIN_TREE_CHUNK_NUMEL * 4 // 1024, ge=1, le=65_536,
+    min_chunk_kb: int = Field(default=MIN_CHUNK_KB, ge=1, le=65_536,
                               description="smallest chunk a slow tree gets, KiB: smaller chunks pipeline a tree's "
                                           "levels better where its slice is a few chunks, at a Python cost per frame "
                                           "(see the module docstring)")
@@ -165,13 +173,13 @@ class ForestParams(SchedulerParams):
                                                 "[ref / (1 + t), ref * (1 + t)]; t a fraction (0.25: 25 percent)")
 
     @model_serializer(mode="wrap")
-    def _without_default_chunk_ms(self, handler):
+    def _without_later_defaults(self, handler):
         """chunk_ms, min_chunk_kb and pace at their defaults are left out of the dump, so the run ids of configs
         that do not set them stay as they were (a sweep still resumes)."""
         d = handler(self)
         if self.chunk_ms == CHUNK_MS:
             d.pop("chunk_ms", None)
-        if self.min_chunk_kb == MIN_TREE_CHUNK_NUMEL * 4 // 1024:
+        if self.min_chunk_kb == MIN_CHUNK_KB:
             d.pop("min_chunk_kb", None)
         if self.pace:
             d.pop("pace", None)
@@ -444,7 +452,7 @@ class Forest(Scheduler):
         if not self.params.pace:
             return
         try:
-            pace(self.conns[p].sock, self._caps.get(p) if capped and self._plan is not None else None)
+            pace(self.conns[p].sock, self._caps.get(p) if capped else None)
         except OSError:
             pass   # a closed socket: its receive thread reports why
 
@@ -705,5 +713,4 @@ class Forest(Scheduler):
     def _abort(self, reason: str) -> None:
         with self._cv:
             outboxes = list(self.outboxes.values())
-        for ob in outboxes:
-            ob.abort(reason)
+        abort_all(outboxes, reason)

@@ -197,7 +197,7 @@ class Replanner:
             msg = self._await("plan", it, [0])[0]
         else:
             reports = [mine] + [m["rates"] for m in self._await("report", it, others)]
-            msg = self._plan(it, why, reports, (t0, go, rounds_end))
+            msg = self._plan(it, why, reports, t0, go, rounds_end)
             for p in others:
                 self.send(p, msg)
             msg = json.loads(json.dumps(msg))    # what the others parse, to the last bit
@@ -208,9 +208,8 @@ class Replanner:
             self.busy = None
             self.f._cv.notify_all()
 
-    def _plan(self, it: int, why: str, reports: list[list], times: tuple[float, float, float]) -> dict:
-        """`times`: when the re-plan began, when GO came and when the probe's rounds ended."""
-        t0, go, rounds_end = times
+    def _plan(self, it: int, why: str, reports: list[list], t0: float, go: float, rounds_end: float) -> dict:
+        """t0, go, rounds_end: when the re-plan began, when GO came, when the probe's rounds ended."""
         rounds: list[dict[Pair, float]] = [{} for _ in probe_rounds(self.f.n)]
         for receiver, rates in enumerate(reports):    # reports[k]: what worker k received
             for r, src, bps in rates:

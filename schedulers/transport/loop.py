@@ -350,15 +350,10 @@ class Peer:
             self.loop.timed.discard(self)
             self._update()
 
-    def abort(self, reason: str, deadline: float) -> None:
-        """Drop what is queued, tell the peer `reason` (after the frame being written, if it
-        can be finished by `deadline`), close once the peer has it (by `deadline`)."""
-        self.tell(reason, deadline)
-        self.conn.close(flush_until=deadline)
-
     def tell(self, reason: str, deadline: float) -> None:
-        """`abort` but the close: what is queued dropped, the frame being written finished
-        if it can be by `deadline`, then ABORT and our FIN (Connection.tell)."""
+        """Drop what is queued, finish the frame being written if that can be done by
+        `deadline`, then send the ABORT with `reason` and our FIN (Connection.tell); the
+        caller closes (`abort_peers`)."""
         with self._lock:
             self._heap.clear()
             self._closing = True
