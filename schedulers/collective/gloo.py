@@ -38,6 +38,10 @@ from schedulers.transport.connection import listen
 
 PROBE_TIMEOUT_S = 0.5
 PROBE_ROUNDS, PROBE_PAUSE_S = 5, 0.1
+# After a failure, how long a worker stays (its port open) for peers still finding out who
+# died: worker 0, whose store holds the verdict, until every live peer has one (LINGER_S at
+# most); the others a moment, and only when worker 0 is gone (STORELESS_LINGER_S).
+LINGER_S, STORELESS_LINGER_S, LINGER_POLL_S = 3.0, 1.0, 0.02
 
 
 class GlooParams(BucketParams):
@@ -202,24 +206,31 @@ class Gloo(Scheduler):
         """Record the first failure and leave the group now (aborting our collectives in
         flight): the process can then exit normally, and the peers' pending collectives
         fail at once instead of timing out."""
-        if self._failure.fail(reason):
+        first = self._failure.fail(reason)
+        dead: list[int] | None = None
+        store_gone = False
+        if first:
             self._store_call("set", f"left/{self.ctx.rank}", "1")  # alive: not to be blamed
-            dead = self._diagnose()
-            if dead:
-                self._failure.amend(f"{dead}; {reason}")
+            found = self._diagnose()
+            if found:
+                dead, verdict = found
+                self._failure.amend(f"{verdict}; {reason}")
+            store_gone = self._store_call("add", "diagnosed", 1) is None
         self._destroy(abort=True)
+        if first:
+            self._linger(dead, store_gone)
         return self._failure.error()
 
-    def _diagnose(self) -> str | None:
-        """Which peers died. gloo names a peer only by address, and workers that leave the
-        group after a failure break the others' collectives too, so the first worker to find
-        a dead peer posts its finding in the store (on worker 0), later ones read it, and
-        workers that fail but live say so there. A peer is dead when its port refuses (the
-        store's on worker 0, the beacon's on the others); a dying process closes its
-        sockets one by one, so probing is repeated for a moment."""
+    def _diagnose(self) -> tuple[list[int], str] | None:
+        """Which peers died, and the verdict naming them. gloo names a peer only by address,
+        and workers that leave the group after a failure break the others' collectives too,
+        so the first worker to find a dead peer posts its finding in the store (on worker 0),
+        later ones read it, and workers that fail but live say so there. A peer is dead when
+        its port refuses (the store's on worker 0, the beacon's on the others); a dying
+        process closes its sockets one by one, so probing is repeated for a moment."""
         posted = self._store_call("get", "dead") if self._store_call("check", ["dead"]) else None
         if posted:
-            return posted.decode()
+            return self._verdict(posted)
         for _ in range(PROBE_ROUNDS):
             dead = [r for r in self._unreachable() if not self._store_call("check", [f"left/{r}"])]
             if dead:
@@ -227,9 +238,26 @@ class Gloo(Scheduler):
             time.sleep(PROBE_PAUSE_S)
         else:
             return None
-        verdict = f"{self._names(dead)} unreachable"
-        agreed = self._store_call("compare_set", "dead", "", verdict)
-        return agreed.decode() if agreed else verdict
+        finding = f"{','.join(map(str, dead))}\n{self._names(dead)} unreachable"
+        agreed = self._store_call("compare_set", "dead", "", finding)
+        return self._verdict(agreed or finding.encode())
+
+    @staticmethod
+    def _verdict(posted: bytes) -> tuple[list[int], str]:
+        ranks, verdict = posted.decode().split("\n", 1)
+        return [int(r) for r in ranks.split(",")], verdict
+
+    def _linger(self, dead: list[int] | None, store_gone: bool) -> None:
+        """Stay a moment after a failure, so that peers still diagnosing it neither lose the
+        store (and the verdict in it) nor find our port closed and blame us: a training
+        process exits as soon as it has the error."""
+        if self.ctx.rank == 0:
+            live = self.ctx.num_workers - len(dead or [])
+            deadline = time.monotonic() + LINGER_S
+            while time.monotonic() < deadline and (self._store_call("add", "diagnosed", 0) or 0) < live:
+                time.sleep(LINGER_POLL_S)
+        elif store_gone:  # worker 0 is gone, and with it what we could tell the others by
+            time.sleep(STORELESS_LINGER_S)
 
     def _store_call(self, method: str, *args):
         """A store operation, or None when worker 0 and its store are gone."""
@@ -273,6 +301,8 @@ class Gloo(Scheduler):
         try:
             if abort:  # without this, destroying waits for collectives stuck on live peers
                 dist.group.WORLD._get_backend(torch.device("cpu")).abort()
+            for gb in self.buckets:
+                gb.work = None  # a pending work holds gloo's connections open: peers would time out
             dist.destroy_process_group()
         except (RuntimeError, ValueError, AssertionError):
             pass

@@ -2,6 +2,7 @@
 happens when a worker dies or leaves early. Averages in general: test_schedulers_loopback."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -260,23 +261,31 @@ def test_gloo_missing_worker_fails_rendezvous_in_time(tmp_path):
         assert err and err.startswith("CommError") and "worker 2 (w2" in err, err
 
 
-@pytest.mark.parametrize("dead_rank", [0, 2], ids=["store-host-dies", "worker-dies"])
+@pytest.mark.parametrize("dead_rank", [0, 3], ids=["store-host-dies", "worker-dies"])
 @pytest.mark.slow
 def test_gloo_worker_death_ends_everyone(dead_rank, tmp_path, procs):
-    """gloo: the survivors fail within bounded time with a CommError (no hang, no SIGABRT)
-    naming the dead worker, found by probing its port."""
+    """gloo: the survivors fail soon after the death (from the broken connections, not
+    gloo's timeout), with a CommError (no hang, no SIGABRT) that names the dead worker,
+    found by probing its port, and nobody else: not worker 0, whose store with the verdict
+    in it outlives its own failure until the others have read it. Worker 3 dying made
+    worker 0 blamed too in most tries before that."""
     eps = endpoints(4)
     sizes = [1000, 300_001, 7]
-    dead = procs.add(spawn_job(_spec("gloo", {"timeout_s": 30}, eps, dead_rank, sizes, 3, stop_after=1)))
+    timeout_s = 60
+    dead = procs.add(spawn_job(_spec("gloo", {"timeout_s": timeout_s}, eps, dead_rank, sizes, 3, stop_after=1)))
+    died: list[float] = []
+    watcher = threading.Thread(target=lambda: (dead.wait(), died.append(time.monotonic())), daemon=True)
+    watcher.start()
     survivors = [r for r in range(4) if r != dead_rank]
-    t0 = time.monotonic()
-    errors = POOL.run([_spec("gloo", {"timeout_s": 30}, eps, r, sizes, 3, out=str(tmp_path / f"{r}.npz"))
-                       for r in survivors], timeout_s=60)
-    dead.wait(10)
+    errors = POOL.run([_spec("gloo", {"timeout_s": timeout_s}, eps, r, sizes, 3, out=str(tmp_path / f"{r}.npz"))
+                       for r in survivors], timeout_s=2 * timeout_s)
+    answered = time.monotonic()
+    watcher.join(10)
     assert dead.returncode == 0  # it left through os._exit, as a crash would
-    assert time.monotonic() - t0 < 30, "survivors waited for gloo's timeout"
+    assert died and answered - died[0] < DEATH_BOUND_S, ("survivors waited for gloo's timeout", errors)
     for r, err in zip(survivors, errors, strict=False):  # errors stops at a hung worker
-        assert err and err.startswith("CommError") and f"worker {dead_rank} (w{dead_rank}" in err, (r, err)
+        assert err and err.startswith("CommError") and "Timed out" not in err, (r, err)
+        assert set(re.findall(r"worker (\d+) \(w", err)) == {str(dead_rank)}, (r, err)
 
 
 # ---------------------------------------------------------------------------- training
