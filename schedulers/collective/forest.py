@@ -97,6 +97,7 @@ from schedulers.transport.peers import Acceptor, Hello, dial
 PACE_MARGIN = 1.05             # pacing above the planned goodput: the kernel paces headers too (about 3.5%)
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
 PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers; shorter reads noisier
+REPLAN_PROBE_S = 0.1           # one round of a re-plan's probe (replan_probe_s): 1.1 s for 9 workers, paid mid-run
 MIN_CHUNK_KB = MIN_CHUNK_NUMEL * 4 // 1024   # 16: a slow tree's smallest chunk by default (min_chunk_kb)
 
 
@@ -167,15 +168,20 @@ class ForestParams(SchedulerParams):
         default="measured", description="measured: plan on what a probe at start-up measures and re-plan when "
         "the all-reduce time changes (forest_replan.py); configured: plan once on the capacity graph's rates")
     probe_s: float = Field(default=PROBE_S, gt=0.05, le=10,
-                           description="length of one probe round, seconds (n + 2 rounds, back to back)")
+                           description="length of one round of the start-up probe, seconds (n + 2 rounds, back "
+                                       "to back)")
+    replan_probe_s: float = Field(default=REPLAN_PROBE_S, gt=0.05, le=10,
+                                  description="length of one round of a re-plan's probe, seconds: the job waits for "
+                                              "it mid-run, where the start-up probe is paid once, so it is shorter "
+                                              "and reads noisier (see forest_replan.py)")
     replan_threshold: float = Field(default=0.25, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
                                                 "[ref / (1 + t), ref * (1 + t)]; t a fraction (0.25: 25 percent)")
 
     @model_serializer(mode="wrap")
     def _without_later_defaults(self, handler):
-        """chunk_ms, min_chunk_kb and pace at their defaults are left out of the dump, so the run ids of configs
-        that do not set them stay as they were (a sweep still resumes)."""
+        """chunk_ms, min_chunk_kb, pace and replan_probe_s at their defaults are left out of the dump, so the run
+        ids of configs that do not set them stay as they were (a sweep still resumes)."""
         d = handler(self)
         if self.chunk_ms == CHUNK_MS:
             d.pop("chunk_ms", None)
@@ -183,6 +189,8 @@ class ForestParams(SchedulerParams):
             d.pop("min_chunk_kb", None)
         if self.pace:
             d.pop("pace", None)
+        if self.replan_probe_s == REPLAN_PROBE_S:
+            d.pop("replan_probe_s", None)
         return d
 
 
@@ -287,7 +295,8 @@ class Forest(Scheduler):
         graph, nodes, model = structure(ctx.topology, hosts)
         self._model = model
         if params.bandwidth == "measured" and self.n > 1:
-            self.replanner = Replanner(self, graph, nodes, model, params.probe_s, params.replan_threshold,
+            self.replanner = Replanner(self, graph, nodes, model, (params.probe_s, params.replan_probe_s),
+                                       params.replan_threshold,
                                        params.epsilon, assumed=graph is not ctx.topology)
             self._fingerprint = zlib.crc32(json.dumps(["measured", hosts, skeleton(ctx.topology)]).encode())
             self.peers = [p for p in range(self.n) if p != self.rank]   # any two may share a tree later

@@ -28,7 +28,8 @@ readings over all its rounds) leaves a plan that cannot run at its rate, and a
 reference taken under it would hide that. One iteration is not enough: at 15 Mb/s the
 all-reduce time varies by +-20% between iterations, and a single-iteration trigger
 re-probed three times in 60 iterations on noise alone, at 5.7 s a probe (0.5 s rounds with
-gaps then; 2.75 s for 9 workers now). The default threshold, 0.25, keeps apart what these
+gaps then; now 2.75 s for 9 workers at start-up, in the warm-up, and 1.1 s for a re-plan,
+whose 0.1 s rounds the job waits for mid-run). The default threshold, 0.25, keeps apart what these
 runs showed as noise (two iterations at 1.17x, after which the re-probe found the same
 rates) from the changes they were built for (3.4x after a tenant's arrival). A change that
 does not move the all-reduce time (a link no tree is limited by got faster) goes unnoticed.
@@ -66,8 +67,9 @@ class Replanner:
     the failure and its lock; the Replanner calls `forest.install(plan, record)`."""
 
     def __init__(self, forest, graph: dict[str, Any], nodes: list[str], model: LinkModel,
-                 probe_s: float, threshold: float, epsilon: float, assumed: bool):
-        """assumed: no capacity graph was given; `graph` is a star of one link per worker."""
+                 probe_s: tuple[float, float], threshold: float, epsilon: float, assumed: bool):
+        """probe_s: a probe round's length at start-up and when re-planning; assumed: no
+        capacity graph was given, `graph` is a star of one link per worker."""
         self.f = forest
         self.assumed = assumed
         self.graph, self.nodes, self.model = graph, nodes, model
@@ -231,17 +233,18 @@ class Replanner:
         peer in each round's measuring window (bytes_arrived; any peer, in the round or not:
         bytes of an earlier round still draining load the links too)."""
         start, out = time.monotonic(), []
+        length = self.probe_s[it > 0]
         for r, flows in enumerate(probe_rounds(self.f.n)):
             dests = [j for i, j in flows if i == self.f.rank]
-            begin = start + r * self.probe_s
+            begin = start + r * length
             _sleep_until(begin)
-            out += [[r, j, bps] for j, bps in self._round(r, it, dests, begin).items() if bps > 0]
-        _sleep_until(start + len(probe_rounds(self.f.n)) * self.probe_s)
+            out += [[r, j, bps] for j, bps in self._round(r, it, dests, begin, length).items() if bps > 0]
+        _sleep_until(start + len(probe_rounds(self.f.n)) * length)
         return out
 
-    def _round(self, r: int, it: int, dests: list[int], begin: float) -> dict[int, float]:
-        stop = begin + self.probe_s
-        skip = begin + self.probe_s / 3          # past slow start after the idle gap
+    def _round(self, r: int, it: int, dests: list[int], begin: float, length: float) -> dict[int, float]:
+        stop = begin + length
+        skip = begin + length / 3                # past slow start after the idle gap
         for j in dests:
             self._keep_sending(j, r, it, stop)
         _sleep_until(skip)

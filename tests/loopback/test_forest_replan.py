@@ -152,7 +152,7 @@ def test_trigger_band_reference_and_plan_prediction():
 
     from schedulers.collective.forest_replan import Replanner
     forest = SimpleNamespace(_plan=SimpleNamespace(rate=1e7), rank=0, n=2)
-    r = Replanner(forest, {}, [], None, probe_s=0.1, threshold=0.25, epsilon=0.03, assumed=False)
+    r = Replanner(forest, {}, [], None, probe_s=(0.1, 0.1), threshold=0.25, epsilon=0.03, assumed=False)
     r.gradient_bits = 1e6                                   # predicted: 0.1 s at 10 Mb/s
     assert r._outside(0.25, 0.0)[0] == 1 and "prediction" in r._outside(0.25, 0.0)[1]
     assert r._outside(0.15, 0.0) == (0, "")                 # no reference yet, within 2x
