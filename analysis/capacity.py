@@ -192,15 +192,15 @@ def cross_flows(run_dir: Path, run, last_t: float) -> tuple[list[Flow], list[str
     return flows, notes
 
 
-def run_capacity(g: nx.DiGraph, run, run_dir: Path) -> Capacity:
+def run_capacity(g: nx.DiGraph, run, run_dir: Path, window: tuple[float, float] | None = None) -> Capacity:
     """What the run had: the configured graph when its bandwidth was neither shaped nor
-    shared; otherwise `available_capacity` over its measured window, or the configured graph
-    with the reason when the run's files cannot place it in time."""
+    shared; otherwise `available_capacity` over its measured window (or `window`, monitor
+    time), or the configured graph with the reason when the run's files cannot place it in time."""
     shaped = str(run.get("shaping") or "[]").strip() not in ("[]", "", "None", "nan")
     shared = isinstance(run.get("cross_traffic"), str) and run["cross_traffic"].strip() not in ("", "[]")
     if not (shaped or shared):
         return Capacity(g, "configured")
-    window = measured_window(run_dir, run)
+    window = window or measured_window(run_dir, run)
     if window is None:
         return Capacity(g, "configured (no monitor clock in the row to place the run's window)")
     links_path = run_dir / "links.parquet"

@@ -27,6 +27,7 @@ from analysis import catalog, fidelity, forest_compare, forest_trees, physics, p
 from analysis import claims as claims_mod
 from analysis import faults as faults_mod
 from analysis import incast as incast_mod
+from analysis import replan as replan_mod
 from analysis.speedup import METHOD, MIN_REPEATS, baseline_variant, iteration_times, load_comparison, speedups
 from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
 
@@ -421,7 +422,8 @@ def _forest_trees(runs: pd.DataFrame, sweep_dir: Path) -> list[str]:
 
 
 def _replan(sweep_dir: Path, out_dir: Path) -> list[str]:
-    """The re-planning figure, where a forest re-planned (nothing otherwise)."""
+    """The re-planning figure and, per run, the optimum averaged over the run and what the
+    probes took (analysis/replan.py), where a forest re-planned (nothing otherwise)."""
     try:
         png = plots.replan_plot(sweep_dir, out=out_dir / "replan.png", formats=("png", "pdf"))
     except NoResults:
@@ -430,7 +432,39 @@ def _replan(sweep_dir: Path, out_dir: Path) -> list[str]:
             "Iteration time of each forest run, per configuration: the forest that plans on what it measures "
             "(dotted lines: where a new plan took effect) beside the one that keeps the plan of the configured "
             f"rates. Each plan, its reason and the rates it assumed are in the run's scheduler_info.json. "
-            f"{_figure_note(png)}", ""]
+            f"{_figure_note(png)}", "", *replan_table(sweep_dir)]
+
+
+def replan_table(sweep_dir: Path) -> list[str]:
+    """Per forest run of a sweep where one re-planned: its iterations against the optimum of
+    each iteration's own bandwidth, with and without its re-plans' probes."""
+    from analysis.tables import add_configurations
+
+    runs = load_runs(sweep_dir, status="ok")
+    runs = add_configurations(runs[runs["scheduler_name"].isin(catalog.with_section(plots.REPLAN))], sweep_dir)
+    rows = []
+    for _, run in runs.iterrows():
+        s = replan_mod.summary(run, Path(sweep_dir) / run["run_id"])
+        if s is None:
+            continue
+        bw = run.get(f"schedulers.{run['scheduler_name']}.bandwidth")
+        rows.append({"configuration": run["config"], "bandwidth": bw if isinstance(bw, str) else "measured",
+                     "of the optimum over the run": f"{s['of_instant_optimum']:.2f}",
+                     "without the probes": f"{s['without_probes']:.2f}",
+                     "after the last re-plan": "–" if pd.isna(s["after_last"]) else f"{s['after_last']:.2f}",
+                     "re-plans (iteration: probe s)": ", ".join(f"{i}: {p:.2f}" for i, _, p in s["replans"]) or "–",
+                     "probes' share of the time": f"{s['probe_share']:.1%}",
+                     "efficiency (bound on the averaged capacity)": f"{run['efficiency']:.2f}"
+                     if pd.notna(run.get("efficiency")) else "–"})
+    if not rows:
+        return []
+    return ["Per run, over its measured iterations: their summed optimum, each on the bandwidth that iteration "
+            "had (the run's bound model on the capacity averaged over the iteration; analysis/replan.py), over "
+            "their summed times, so a probe and the slow iterations before a re-plan count; the same without "
+            "the probes' time, and over the iterations after the last re-plan. The runs table's efficiency "
+            "averages the capacity over the whole window instead, which lends the slow part the fast part's "
+            "capacity: a lower bound, but one that a forest re-planning at once would still not reach.", "",
+            md_table(pd.DataFrame(rows), "forest_replan"), ""]
 
 
 def startup_table(table: pd.DataFrame) -> pd.DataFrame:

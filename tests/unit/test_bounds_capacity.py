@@ -16,6 +16,7 @@ Hand-computed cases (4 workers h0..h3 on a star at 100 Mb/s, G gradient bytes):
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import networkx as nx
@@ -24,7 +25,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import report
+from analysis import replan, report
 from analysis.bounds import (
     COLUMNS,
     PAYLOAD_FRACTION,
@@ -209,6 +210,34 @@ def test_annotate_uses_the_bandwidth_the_run_had(tmp_path):
     assert old["comm_bound_s"] == pytest.approx(psecs(400 / 6), rel=1e-9)
     assert "reported no rate" in silent["bound_capacity"]
     assert silent["comm_bound_s"] == pytest.approx(psecs(400 / 6), rel=1e-9)
+
+
+def test_the_optimum_averaged_over_a_run_takes_each_iteration_on_its_own_bandwidth(tmp_path):
+    """analysis/replan.py: h0's link steps 100 -> 20 Mb/s at 5.05 s, inside the third of five
+    1 s iterations (2.55..7.55 s). Each iteration's optimum is on what it had: forest
+    R = min(c, (c + 300)/6) at c = 100, 100, 60, 20, 20. Their sum is what a forest that
+    re-planned at once, with no probe, would take, which the bound on the window's average
+    (60 Mb/s, every iteration) understates. A re-plan at iteration 3 whose probe took 0.4 s:
+    its probe's share, the figure without it, and the iterations after it."""
+    g, hosts = star_graph([100] * 4)
+    steps = {("h0", "s1"): [(5.05, 20)], ("s1", "h0"): [(5.05, 20)]}
+    run = pd.Series(write_run(tmp_path, "step", g, hosts, "forest", 1.0, shaping=[{"link": ["h0", "s1"]}],
+                              links=samples(g, 10, steps), first=2.55))
+    plans = [{"iteration": 0, "probe_s": 2.8, "reason": "start-up"},
+             {"iteration": 3, "probe_s": 0.4, "reason": "iterations 1 and 2: slower"}]
+    (tmp_path / "step" / "scheduler_info.json").write_text(json.dumps({"plans": plans}))
+    expected = [psecs(400 / 6), psecs(400 / 6), psecs(60), psecs(20), psecs(20)]
+    win = replan.iteration_windows(run, tmp_path / "step")
+    assert replan.instant_bounds(run, tmp_path / "step", win).tolist() == pytest.approx(expected, rel=1e-6)
+    s = replan.summary(run, tmp_path / "step")
+    assert s["of_instant_optimum"] == pytest.approx(sum(expected) / 5, rel=1e-6)
+    assert sum(expected) > 5 * psecs(60)   # the averaged capacity's bound is looser
+    assert s["probe_s"] == 0.4 and s["probe_share"] == pytest.approx(0.4 / 5)
+    assert s["without_probes"] == pytest.approx(sum(expected) / 4.6, rel=1e-6)
+    assert s["after_last"] == pytest.approx(psecs(20), rel=1e-6)   # iterations 4 and 5
+    assert s["replans"] == [(3, "iterations 1 and 2: slower", 0.4)]
+    shutil.rmtree(tmp_path / "step" / "roles")
+    assert replan.summary(run, tmp_path / "step") is None   # as in the committed example sets
 
 
 def test_run_capacity_of_a_static_run_is_the_configured_graph(tmp_path):
