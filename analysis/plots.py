@@ -37,6 +37,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from analysis import catalog  # noqa: E402
+from analysis.replan import plan_records  # noqa: E402
 from analysis.speedup import METHOD, iteration_times, load_comparison, speedups  # noqa: E402
 from analysis.tables import NoResults, key_label, load_events, load_iterations, load_links, load_runs, swept_keys  # noqa: E402
 from contracts.iterations import measured  # noqa: E402
@@ -871,7 +872,7 @@ def replan_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ..
     sweep_dir = Path(sweep_dir)
     runs = load_runs(sweep_dir, status="ok")
     runs = runs[runs["scheduler_name"].isin(catalog.with_section(REPLAN))]  # every variant (tables.variant_names)
-    plans = {r: _plans(sweep_dir / r) for r in runs["run_id"]}
+    plans = {r: plan_records(sweep_dir / r) for r in runs["run_id"]}
     if not any(len(p) > 1 for p in plans.values()):
         raise Skipped("no forest run re-planned")
     runs = add_configurations(runs, sweep_dir)
@@ -897,12 +898,6 @@ def replan_plot(sweep_dir: Path, out: Path | None = None, formats: tuple[str, ..
 
 
 REPLAN = "replan"  # the report section of the schedulers that re-plan (their `report_sections`)
-
-
-def _plans(run_dir: Path) -> list[dict]:
-    """The forest's plan records of a run (scheduler_info.json), [] without any."""
-    info = run_dir / "scheduler_info.json"
-    return json.loads(info.read_text()).get("plans", []) if info.exists() else []
 
 
 # --------------------------------------------------------------------------- start-up cost

@@ -29,7 +29,8 @@ from contracts.iterations import measured
 DIGITS = 4  # capacities equal to this many significant digits share one LP
 
 
-def _plans(run_dir: Path) -> list[dict]:
+def plan_records(run_dir: Path) -> list[dict]:
+    """The forest's plan records of a run (scheduler_info.json `plans`), [] without any."""
     info = run_dir / "scheduler_info.json"
     return json.loads(info.read_text()).get("plans", []) if info.exists() else []
 
@@ -73,7 +74,7 @@ def summary(run, run_dir: Path) -> dict | None:
     if win.empty:
         return None
     win["bound_s"] = instant_bounds(run, run_dir, win)
-    replans = [p for p in _plans(run_dir) if p.get("iteration", 0) > 0]
+    replans = [p for p in plan_records(run_dir) if p.get("iteration", 0) > 0]
     probe_s = sum(float(p.get("probe_s") or 0) for p in replans if p["iteration"] in win.index)
     after = win[win.index > replans[-1]["iteration"]] if replans else win.iloc[0:0]
     return {"of_instant_optimum": win["bound_s"].sum() / win["t"].sum(),
