@@ -445,22 +445,48 @@ def payload_graph(g: nx.DiGraph) -> nx.DiGraph:
     return out
 
 
+@dataclass(frozen=True)
+class RunPattern:
+    """What a run's bounds are computed from, its capacity apart."""
+    line_graph: nx.DiGraph     # the configured capacity graph, at the line rate
+    workers: list[str]
+    servers: list[str]
+    grad_bytes: float
+    model: str                 # bound_model's answer for the run's scheduler
+    compute_s: float           # no iteration is faster than its compute
+
+
+def run_pattern(run, run_dir: Path) -> RunPattern:
+    workers, servers = json.loads(run["roles.workers"]), json.loads(run["roles.servers"])
+    declared = catalog.of_run(run)  # a labelled variant: its scheduler's
+    return RunPattern(_graph(str(run_dir)), workers, servers, float(run["num_params"]) * 4,
+                      bound_model(None if declared is None else declared.bound_model, workers, servers),
+                      float(run["compute_median_s"]))
+
+
+def comm_bound_s(p: RunPattern, avail: nx.DiGraph, cut: float | None = None) -> float:
+    """The pattern's communication bound on payload capacity graph `avail`: its model's, the cut
+    bound (`cut`, when already computed) for "cut", NaN for "none"."""
+    if p.model == NO_BOUND:
+        return float("nan")
+    if p.model == CUT:
+        return cut if cut is not None else cut_bound_s(avail, p.workers, p.grad_bytes)
+    return model_bound_s(p.model, avail, p.workers, p.servers, p.grad_bytes)
+
+
 def run_bounds(run, run_dir: Path) -> dict:
     """Every bound column of one completed run (see the module docstring)."""
-    line_g = _graph(str(run_dir))
-    workers, servers = json.loads(run["roles.workers"]), json.loads(run["roles.servers"])
-    grad = float(run["num_params"]) * 4
-    declared = catalog.of_run(run)  # a labelled variant: its scheduler's
-    model = bound_model(None if declared is None else declared.bound_model, workers, servers)
+    p = run_pattern(run, run_dir)
+    line_g, workers, servers, grad, model = p.line_graph, p.workers, p.servers, p.grad_bytes, p.model
     cap = run_capacity(line_g, run, run_dir)
     g, avail = payload_graph(line_g), payload_graph(cap.graph)
     cut = cut_bound_s(avail, workers, grad)
     if model == NO_BOUND:
         return _no_bound(run, cap, cut, ring_bound_s(avail, workers, grad))
     line = model_bound_s(model, cap.graph, workers, servers, grad)
-    comm = cut if model == CUT else model_bound_s(model, avail, workers, servers, grad)
+    comm = comm_bound_s(p, avail, cut)
     configured = comm if cap.graph is line_g else model_bound_s(model, g, workers, servers, grad)
-    compute = float(run["compute_median_s"])
+    compute = p.compute_s
     mean = cap.varies and pd.notna(run.get("iter_time_mean_s"))
     measured_s = float(run["iter_time_mean_s"] if mean else run["iter_time_median_s"])
     bound = max(compute, comm)

@@ -192,23 +192,39 @@ def cross_flows(run_dir: Path, run, last_t: float) -> tuple[list[Flow], list[str
     return flows, notes
 
 
-def run_capacity(g: nx.DiGraph, run, run_dir: Path, window: tuple[float, float] | None = None) -> Capacity:
+def _shaped(run) -> bool:
+    return str(run.get("shaping") or "[]").strip() not in ("[]", "", "None", "nan")
+
+
+def _shared(run) -> bool:
+    return isinstance(run.get("cross_traffic"), str) and run["cross_traffic"].strip() not in ("", "[]")
+
+
+def run_capacity(g: nx.DiGraph, run, run_dir: Path) -> Capacity:
     """What the run had: the configured graph when its bandwidth was neither shaped nor
-    shared; otherwise `available_capacity` over its measured window (or `window`, monitor
-    time), or the configured graph with the reason when the run's files cannot place it in time."""
-    shaped = str(run.get("shaping") or "[]").strip() not in ("[]", "", "None", "nan")
-    shared = isinstance(run.get("cross_traffic"), str) and run["cross_traffic"].strip() not in ("", "[]")
-    if not (shaped or shared):
+    shared; otherwise `available_capacity` over its measured window, or the configured graph
+    with the reason when the run's files cannot place it in time."""
+    if not (_shaped(run) or _shared(run)):
         return Capacity(g, "configured")
-    window = window or measured_window(run_dir, run)
+    window = measured_window(run_dir, run)
     if window is None:
         return Capacity(g, "configured (no monitor clock in the row to place the run's window)")
+    return run_capacities(g, run, run_dir, [window])[0]
+
+
+def run_capacities(g: nx.DiGraph, run, run_dir: Path, windows: list[tuple[float, float]]) -> list[Capacity]:
+    """`run_capacity` over each of `windows` (monitor time), the run's files read once."""
+    if not (_shaped(run) or _shared(run)):
+        return [Capacity(g, "configured")] * len(windows)
     links_path = run_dir / "links.parquet"
     links = pd.read_parquet(links_path, columns=["link", "t", "configured_bps"]) if links_path.exists() else None
-    if shaped and links is None:
-        return Capacity(g, "configured (no links.parquet for the shaped rates)")
-    last_t = float(links["t"].max()) if links is not None and len(links) else window[1]
+    if links is None and _shaped(run):
+        return [Capacity(g, "configured (no links.parquet for the shaped rates)")] * len(windows)
+    last_t = float(links["t"].max()) if links is not None and len(links) else max(w1 for _, w1 in windows)
     flows, notes = cross_flows(run_dir, run, last_t)
-    cap = available_capacity(g, window, links, flows)
     basis = "available" + (f" ({'; '.join(notes)})" if notes else "")
-    return Capacity(cap.graph, basis, cap.varies, window, tuple(notes))
+    out = []
+    for window in windows:
+        cap = available_capacity(g, window, links, flows)
+        out.append(Capacity(cap.graph, basis, cap.varies, window, tuple(notes)))
+    return out

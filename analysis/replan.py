@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import catalog
-from analysis.bounds import bound_model, load_graph, model_bound_s, payload_graph
-from analysis.capacity import run_capacity
+from analysis.bounds import comm_bound_s, payload_graph, run_pattern
+from analysis.capacity import run_capacities
 from contracts.iterations import measured
 
 DIGITS = 4  # capacities equal to this many significant digits share one LP
@@ -47,19 +46,15 @@ def iteration_windows(run, run_dir: Path) -> pd.DataFrame:
 
 def instant_bounds(run, run_dir: Path, windows: pd.DataFrame) -> pd.Series:
     """Per iteration of `windows`: the run's bound model on the capacity it had during it."""
-    line_g = load_graph(run_dir)
-    workers, servers = json.loads(run["roles.workers"]), json.loads(run["roles.servers"])
-    grad = float(run["num_params"]) * 4
-    declared = catalog.of_run(run)
-    model = bound_model(None if declared is None else declared.bound_model, workers, servers)
-    compute = float(run["compute_median_s"])
+    p = run_pattern(run, run_dir)
+    caps = run_capacities(p.line_graph, run, run_dir, list(zip(windows["w0"], windows["w1"], strict=True)))
     cache: dict[tuple, float] = {}
     out = {}
-    for it, w in windows.iterrows():
-        cap = payload_graph(run_capacity(line_g, run, run_dir, (float(w["w0"]), float(w["w1"]))).graph)
-        key = tuple(float(f"{c:.{DIGITS}g}") for _, _, c in sorted(cap.edges(data="capacity")))
+    for it, cap in zip(windows.index, caps, strict=True):
+        avail = payload_graph(cap.graph)
+        key = tuple(float(f"{c:.{DIGITS}g}") for _, _, c in sorted(avail.edges(data="capacity")))
         if key not in cache:
-            cache[key] = max(compute, model_bound_s(model, cap, workers, servers, grad))
+            cache[key] = max(p.compute_s, comm_bound_s(p, avail))
         out[it] = cache[key]
     return pd.Series(out, name="bound_s")
 

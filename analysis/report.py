@@ -29,7 +29,7 @@ from analysis import faults as faults_mod
 from analysis import incast as incast_mod
 from analysis import replan as replan_mod
 from analysis.speedup import METHOD, MIN_REPEATS, baseline_variant, iteration_times, load_comparison, speedups
-from analysis.tables import NoResults, config_facts, key_label, load_runs, swept_keys
+from analysis.tables import NoResults, add_configurations, config_facts, key_label, load_runs, swept_keys
 
 FIGURES = [  # (file stem, heading, function, caption)
     ("speedup", "Speedup over the baseline", plots.speedup_plot,
@@ -438,8 +438,6 @@ def _replan(sweep_dir: Path, out_dir: Path) -> list[str]:
 def replan_table(sweep_dir: Path) -> list[str]:
     """Per forest run of a sweep where one re-planned: its iterations against the optimum of
     each iteration's own bandwidth, with and without its re-plans' probes."""
-    from analysis.tables import add_configurations
-
     runs = load_runs(sweep_dir, status="ok")
     runs = add_configurations(runs[runs["scheduler_name"].isin(catalog.with_section(plots.REPLAN))], sweep_dir)
     rows = []

@@ -73,7 +73,7 @@ class Replanner:
         self.f = forest
         self.assumed = assumed
         self.graph, self.nodes, self.model = graph, nodes, model
-        self.probe_s, self.threshold, self.epsilon = probe_s, threshold, epsilon
+        (self.probe_s, self.replan_probe_s), self.threshold, self.epsilon = probe_s, threshold, epsilon
         self.inbox: dict[tuple[str, int, int], dict] = {}
         self.decided: dict[int, str] = {}       # worker 0: iteration -> why it probes ("" = no probe)
         self.first_push: dict[int, float] = {}
@@ -233,7 +233,7 @@ class Replanner:
         peer in each round's measuring window (bytes_arrived; any peer, in the round or not:
         bytes of an earlier round still draining load the links too)."""
         start, out = time.monotonic(), []
-        length = self.probe_s[it > 0]
+        length = self.replan_probe_s if it > 0 else self.probe_s
         for r, flows in enumerate(probe_rounds(self.f.n)):
             dests = [j for i, j in flows if i == self.f.rank]
             begin = start + r * length

@@ -221,8 +221,9 @@ def test_the_optimum_averaged_over_a_run_takes_each_iteration_on_its_own_bandwid
     its probe's share, the figure without it, and the iterations after it."""
     g, hosts = star_graph([100] * 4)
     steps = {("h0", "s1"): [(5.05, 20)], ("s1", "h0"): [(5.05, 20)]}
-    run = pd.Series(write_run(tmp_path, "step", g, hosts, "forest", 1.0, shaping=[{"link": ["h0", "s1"]}],
-                              links=samples(g, 10, steps), first=2.55))
+    row = write_run(tmp_path, "step", g, hosts, "forest", 1.0, shaping=[{"link": ["h0", "s1"]}],
+                    links=samples(g, 10, steps), first=2.55)
+    run = pd.Series(row)
     plans = [{"iteration": 0, "probe_s": 2.8, "reason": "start-up"},
              {"iteration": 3, "probe_s": 0.4, "reason": "iterations 1 and 2: slower"}]
     (tmp_path / "step" / "scheduler_info.json").write_text(json.dumps({"plans": plans}))
@@ -231,7 +232,8 @@ def test_the_optimum_averaged_over_a_run_takes_each_iteration_on_its_own_bandwid
     assert replan.instant_bounds(run, tmp_path / "step", win).tolist() == pytest.approx(expected, rel=1e-6)
     s = replan.summary(run, tmp_path / "step")
     assert s["of_instant_optimum"] == pytest.approx(sum(expected) / 5, rel=1e-6)
-    assert sum(expected) > 5 * psecs(60)   # the averaged capacity's bound is looser
+    averaged = annotate(pd.DataFrame([row]), tmp_path).iloc[0]["bound_s"]   # 60 Mb/s on h0's link
+    assert s["optimum_s"] > 5 * averaged   # the averaged capacity's bound is looser
     assert s["probe_s"] == 0.4 and s["probe_share"] == pytest.approx(0.4 / 5)
     assert s["without_probes"] == pytest.approx(sum(expected) / 4.6, rel=1e-6)
     assert s["after_last"] == pytest.approx(psecs(20), rel=1e-6)   # iterations 4 and 5
