@@ -20,6 +20,7 @@ from schedulers.collective.forest import (
     CHUNK_MS,
     PACE_MARGIN,
     Forest,
+    ForestParams,
     layout,
     pace_bytes_per_s,
     pair_rates,
@@ -129,10 +130,19 @@ def test_layout_brings_every_tree_to_its_share_despite_whole_small_tensors():
 
 
 def test_pacing_never_holds_a_chunk_longer_than_chunk_ms():
-    """A pair is paced at its planned rate plus the header margin, but a slow tree's chunk
-    (its whole slice, here) still crosses in chunk_ms: each tree level waits for a whole chunk."""
+    """A pair is paced at its planned rate times the margin, but a slow tree's chunk (its whole
+    slice, here) still crosses in chunk_ms: each tree level waits for a whole chunk."""
     assert pace_bytes_per_s(50e6, 16_384, 8.0) == 50e6 / 8 * PACE_MARGIN
+    assert pace_bytes_per_s(50e6, 16_384, 8.0, margin=1.3) == 50e6 / 8 * 1.3
     assert pace_bytes_per_s(1e6, 9_436, 8.0) == 9_436 / 0.008
+
+
+def test_tunables_added_later_stay_out_of_the_run_id_at_their_defaults():
+    """A config that does not set them keeps its run id (a sweep resumes); set, they count."""
+    later = {"chunk_ms", "min_chunk_kb", "pace", "replan_probe_s", "pace_margin"}
+    assert not later & set(ForestParams().model_dump())
+    changed = ForestParams(chunk_ms=4, min_chunk_kb=4, pace=False, replan_probe_s=0.2, pace_margin=1.3)
+    assert later <= set(changed.model_dump())
 
 
 def test_layout_streams_each_slice_in_slice_chunks():
@@ -170,11 +180,11 @@ def test_a_pair_is_planned_at_the_sum_of_the_trees_that_join_it():
     assert pair_rates(trees, 1) == {0: 50e6}
 
 
-@pytest.mark.parametrize("mbps", [100, 1])
-def test_pace_caps_each_connection_at_its_pairs_planned_rate(mbps):
-    """With `pace`, worker r's connection to p is capped at the plan's rate for the pair, plus
-    the margin for headers, in bytes/s; without it, not at all (the kernel's ~0). On 1 Mb/s
-    links the cap is the floor instead: a tree's 16 KiB chunk in chunk_ms (2 MB/s)."""
+@pytest.mark.parametrize(("mbps", "margin"), [(100, PACE_MARGIN), (100, 1.5), (1, PACE_MARGIN)])
+def test_pace_caps_each_connection_at_its_pairs_planned_rate(mbps, margin):
+    """With `pace`, worker r's connection to p is capped at the plan's rate for the pair times
+    pace_margin, in bytes/s; without it, not at all (the kernel's ~0). On 1 Mb/s links the cap
+    is the floor instead: a tree's 16 KiB chunk in chunk_ms (2 MB/s)."""
     hosts = ["h0", "h1", "h2"]
     eps = endpoints(hosts)
     tensors = [TensorSpec(0, "t", 50_000, 0)]
@@ -182,12 +192,12 @@ def test_pace_caps_each_connection_at_its_pairs_planned_rate(mbps):
 
     def work(r, paced):
         sched = registry.create("forest", ctx(r, eps, star_links([mbps] * 3)),
-                                {"bandwidth": "configured", "pace": paced})
+                                {"bandwidth": "configured", "pace": paced, "pace_margin": margin})
         sched.start(tensors)
         sched.push(0, np.ones(50_000, np.float32), 0)
         sched.wait(0, 0)
         caps = {p: c.sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE) for p, c in sched.conns.items()}
-        want = {p: int(max(bps / 8 * PACE_MARGIN, floor)) for p, bps in pair_rates(sched.trees, r).items()}
+        want = {p: int(max(bps / 8 * margin, floor)) for p, bps in pair_rates(sched.trees, r).items()}
         sched.close()
         return caps, want
 
