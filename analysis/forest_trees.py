@@ -15,6 +15,12 @@ units (a dilated run's wall-clock rates x k, durations / k):
   otherwise make the span too short and the rate too high). The tree's
   slowest edge is where it was held back; its links are the path of that edge, the plan's
   tightest of them (highest planned load / capacity) named first.
+- a tree's **pipeline share**: the share of its planned rate it reaches when each of its
+  2 x depth hops (up to the root, then down) runs at that rate and forwards only whole chunks.
+  A slice of S bits in chunks of c crosses them as a pipeline in (S + (2 depth - 1) c) / rate,
+  so the share is S / (S + (2 depth - 1) c), with c the tree's mean frame (bytes / frames on
+  its edges). Where a tree's achieved share is near it, its chunks held it, not the network;
+  hops that run faster than planned (pacing's margin, a link other trees left idle) beat it.
 - a link's achieved load: the bits every tree edge crossing it carried (less each edge's early
   bytes), over the time from the first frame to the last. Receivers time what they read, so
   only a link into a receiving host (its path's last hop) is judged: above that link's configured
@@ -72,8 +78,9 @@ def _tight(plan: EpochPlan, links: list[int]) -> list[int]:
 
 
 def iteration_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFrame:
-    """Per measured iteration and tree: planned and achieved rate, finish time, whether it set
-    the iteration, its slowest edge and that edge's rate and links."""
+    """Per measured iteration and tree: planned and achieved rate, finish time, its mean chunk
+    and pipeline share, whether it set the iteration, its slowest edge and that edge's
+    rate and links."""
     edges, done, pushes = _frames(rec, warmup, k)
     if edges.empty or done.empty or pushes.empty:
         return pd.DataFrame()
@@ -90,12 +97,16 @@ def iteration_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFra
         pt = plan.trees[tree]
         dur = finish.get((it, tree), np.nan)
         slow = grp.loc[grp["rate_bps"].fillna(np.inf).idxmin()]
+        slice_bytes = float(grp["bytes"].max())
+        chunk = float((grp["bytes"] / grp["frames"].where(grp["frames"] > 0)).median())
         edge = next(e for e in pt.edges if {e.child, e.parent} == {int(slow["src"]), int(slow["dst"])})
         path = edge.up if int(slow["src"]) == edge.child else edge.down
         rows.append({"iteration": int(it), "epoch": plan.epoch, "tree": int(tree), "root": pt.root, "depth": pt.depth,
                      "fraction": pt.fraction, "planned_bps": (pt.rate_bps or np.nan) * k,
                      "achieved_bps": 8.0 * grp["bytes"].max() / dur if dur > 0 else np.nan,
                      "finish_s": dur, "last_rank": int(last_rank.get((it, tree), -1)),
+                     "chunk_bytes": chunk, "pipeline_share": slice_bytes / (slice_bytes + (2 * pt.depth - 1) * chunk)
+                     if slice_bytes > 0 and chunk > 0 else np.nan,
                      "slowest_edge": f"{int(slow['src'])}->{int(slow['dst'])}", "slowest_bps": float(slow["rate_bps"]),
                      "slowest_links": " ".join(plan.links[e] for e in _tight(plan, path))})
     out = pd.DataFrame(rows)
@@ -107,8 +118,8 @@ def iteration_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFra
 
 def tree_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFrame:
     """Per (plan epoch, tree), over the measured iterations: planned and median achieved rate,
-    their ratio, median finish, how often it set the iteration, its usual slowest edge, that
-    edge's median rate and links."""
+    their ratio, the median pipeline share, median finish, how often it set
+    the iteration, its usual slowest edge, that edge's median rate and links."""
     it = iteration_table(rec, warmup, k)
     if it.empty:
         return it
@@ -121,6 +132,7 @@ def tree_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFrame:
                      "depth": int(g["depth"].iloc[0]), "fraction": float(g["fraction"].iloc[0]),
                      "planned_bps": float(g["planned_bps"].iloc[0]), "achieved_bps": float(achieved),
                      "of_planned": float(achieved / g["planned_bps"].iloc[0]),
+                     "pipeline_share": float(g["pipeline_share"].median()),
                      "finish_s": float(g["finish_s"].median()), "set_iterations": int(g["set_iteration"].sum()),
                      "iterations": len(g), "slowest_edge": edge, "slowest_bps": float(ge["slowest_bps"].median()),
                      "slowest_links": ge["slowest_links"].iloc[0]})
@@ -189,5 +201,5 @@ def run_summary(run_dir: Path, warmup: int) -> dict | None:
     return {"trees": trees, "links": links, "ranks": len(rec.ranks), "setter_tree": int(setter["tree"]),
             "setter_epoch": int(setter["epoch"]), "setter_share": f"{setter['set_iterations']}/{setter['iterations']}",
             "setter_edge": setter["slowest_edge"], "setter_links": setter["slowest_links"],
-            "setter_of_planned": float(setter["of_planned"]),
+            "setter_of_planned": float(setter["of_planned"]), "setter_pipeline_share": float(setter["pipeline_share"]),
             "physics_violations": int(links["physics_violations"].sum()) if len(links) else 0}

@@ -396,13 +396,14 @@ def _forest_trees(runs: pd.DataFrame, sweep_dir: Path) -> list[str]:
         per_run.append({**where, "efficiency": "" if eff is None or pd.isna(eff) else f"{eff:.2f}",
                         "trees": len(s["trees"]), "set by tree": f"{s['setter_tree']} ({s['setter_share']})",
                         "its achieved / planned": f"{s['setter_of_planned']:.2f}",
+                        "its pipeline share": f"{s['setter_pipeline_share']:.2f}",
                         "its slowest edge": s["setter_edge"], "links (tightest first)": s["setter_links"],
                         "physics violations": s["physics_violations"], "workers in record": s["ranks"]})
         for t in s["trees"].itertuples():
             per_tree.append({**where, "epoch": t.epoch, "tree": t.tree, "root": t.root, "depth": t.depth,
                              "fraction": f"{t.fraction:.3f}", "planned Mb/s": f"{t.planned_bps / 1e6:.1f}",
                              "achieved Mb/s": f"{t.achieved_bps / 1e6:.1f}", "of planned": f"{t.of_planned:.2f}",
-                             "finish ms": f"{t.finish_s * 1e3:.0f}",
+                             "pipeline share": f"{t.pipeline_share:.2f}", "finish ms": f"{t.finish_s * 1e3:.0f}",
                              "set iterations": f"{t.set_iterations}/{t.iterations}", "slowest edge": t.slowest_edge,
                              "edge Mb/s": f"{t.slowest_bps / 1e6:.1f}", "links": t.slowest_links})
     if not per_run:
@@ -412,7 +413,9 @@ def _forest_trees(runs: pd.DataFrame, sweep_dir: Path) -> list[str]:
             "analysis/forest_trees.py). A tree's achieved rate is its slice of the gradient over its all-reduce "
             "time (the longest, over workers, from a worker's first push to the tree's last average there): on "
             "plan, every tree finishes "
-            "together at achieved = planned. The tree that finishes last sets the iteration; its slowest edge "
+            "together at achieved = planned. Its pipeline share is what of that it reaches when each hop runs "
+            "at the planned rate and forwards whole chunks: its slice over the slice plus (2 depth - 1) chunks. "
+            "The tree that finishes last sets the iteration; its slowest edge "
             "(the rate of its stream there, first frame to last) and that edge's links, the plan's tightest "
             "first, say where it was held back. Physics violations: iterations in which the tree edges into a "
             "host (the hop a receiver times) carried more than that link's configured rate (a measurement bug).",

@@ -99,6 +99,19 @@ def test_tree_table_names_the_tree_that_set_the_iteration_and_its_slowest_edge()
     assert set(trees.loc[1, "slowest_links"].split()) == {"h0>s", "s>h1"}
 
 
+def test_pipeline_share_counts_the_chunks_a_tree_pipeline_fills():
+    """Each slice crosses in 8 frames: over 2 hops (depth 1) a pipeline of whole chunks takes
+    8 + 1 chunk times, over 4 (depth 2) 8 + 3."""
+    rec = _two_trees()
+    trees = forest_trees.tree_table(rec, warmup=1).set_index("tree")
+    assert trees["pipeline_share"].tolist() == pytest.approx([8 / 9, 8 / 9])
+    deeper = rec.plans[0].trees[1].model_copy(update={"depth": 2})
+    rec.plans[0] = rec.plans[0].model_copy(update={"trees": [rec.plans[0].trees[0], deeper]})
+    trees = forest_trees.tree_table(rec, warmup=1).set_index("tree")
+    assert trees.loc[1, "pipeline_share"] == pytest.approx(8 / 11)
+    assert forest_trees.iteration_table(rec, warmup=1).set_index("tree").loc[1, "chunk_bytes"] == 250_000 / 8
+
+
 def test_dilated_rates_are_emulated_and_the_link_load_is_checked_against_physics():
     rec = _two_trees()
     trees = forest_trees.tree_table(rec, warmup=1, k=2.0).set_index("tree")
@@ -127,4 +140,5 @@ def test_run_summary_reads_scheduler_info(tmp_path):
     (tmp_path / "scheduler_info.json").write_text(json.dumps({"plan": {}, KEY: _two_trees().model_dump(mode="json")}))
     s = forest_trees.run_summary(tmp_path, warmup=1)
     assert (s["setter_tree"], s["setter_share"], s["setter_edge"]) == (1, "1/1", "0->1")
+    assert s["setter_pipeline_share"] == pytest.approx(8 / 9)
     assert forest_trees.run_summary(tmp_path / "none", warmup=1) is None
