@@ -12,7 +12,8 @@ experiment, and the machine has k times the CPU for each emulated second.
   are stretched), cross-traffic start and stop, the monitors' sampling intervals, the run's
   `timeout_s`, the roles' connect timeout, the servers' grace after the workers, and every
   scheduler tunable that is a time (named `*_s`, `*_ms`, `*_us`: `startup_us`, forest's
-  `probe_s`, gloo's `timeout_s`). A scheduler never learns k: it is handed slower links and
+  `probe_s` and `chunk_ms`, gloo's `timeout_s`), at its default too where the config leaves it
+  out (`Experiment.time_params`). A scheduler never learns k: it is handed slower links and
   longer times, and it lives in wall-clock time (its capacity graph in the role spec holds
   the rates the links really run at).
   `time_dilation: auto` has no k of its own: the runner is handed the k chosen for this machine
@@ -125,7 +126,9 @@ def wall_plan(exp, k: float | None = None) -> WallPlan:
         flows=[dilate_flow(f, k) for f in exp.cross_traffic], timeout_s=exp.timeout_s * k,
         monitor_interval_s=exp.monitor.interval_s * k, qdisc_interval_s=exp.monitor.qdisc_interval_s * k,
         connect_timeout_s=CONNECT_TIMEOUT_S * k, roles_grace_s=ROLES_GRACE_S * k,
-        workload=dilate_workload(exp.workload, k), scheduler_params=dilate_params(exp.scheduler_params, k))
+        workload=dilate_workload(exp.workload, k),
+        scheduler_params=dilate_params({**exp.time_params, **exp.scheduler_params} if k != 1 else exp.scheduler_params,
+                                       k))
 
 
 # ---------------------------------------------------------------------------- results in emulated time

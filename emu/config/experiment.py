@@ -40,7 +40,7 @@ from pydantic import (
 
 from contracts.scheduler_info import SchedulerInfo
 from emu.config.crosstraffic import Flow
-from emu.config.dilation import AUTO, MAX_TIME_DILATION, dilate_params, dilate_workload
+from emu.config.dilation import AUTO, MAX_TIME_DILATION, dilate_params, dilate_workload, is_time
 from emu.config.errors import describe, quote
 from emu.config.faults import MAX_FAULTS, Fault, check_faults
 from emu.config.placement import best_server
@@ -243,6 +243,7 @@ class Experiment(Strict):
     _scheduler_info: SchedulerInfo | None = PrivateAttr(default=None)  # from Sections; not hashed
 
     _auto_k_max: int | None = PrivateAttr(default=None)  # validate_experiment's, with the sections; not hashed
+    _time_params: dict[str, Any] = PrivateAttr(default_factory=dict)  # see `time_params`; not hashed
 
     @field_validator("time_dilation", mode="before")
     @classmethod
@@ -347,6 +348,12 @@ class Experiment(Strict):
     @property
     def scheduler_params(self) -> dict[str, Any]:
         return dict(self.schedulers.get(self.scheduler, {}))
+
+    @property
+    def time_params(self) -> dict[str, Any]:
+        """The chosen scheduler's tunables that are times, defaults included: a default its dump
+        leaves out (to keep run ids) is dilated like a value the config sets (wall_plan)."""
+        return dict(self._time_params)
 
     @property
     def scheduler_info(self) -> SchedulerInfo | None:
@@ -497,7 +504,15 @@ def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path 
     out = Experiment.model_validate(d, context=ctx)
     out._scheduler_info = sections.infos.get(out.scheduler)
     out._auto_k_max = k_max
+    if out.scheduler in sections.schedulers:
+        out._time_params = _time_params(sections.schedulers[out.scheduler], out.scheduler_params)
     return out
+
+
+def _time_params(model: type[BaseModel], params: dict[str, Any]) -> dict[str, Any]:
+    """`params`' tunables that are times (`*_s`, `*_ms`, `*_us`), with the defaults of those it leaves out."""
+    full = model.model_validate(params)
+    return {name: getattr(full, name) for name in type(full).model_fields if is_time(name)}
 
 
 def _with_plugins(raw: dict[str, Any], sections: Sections, base_dir: Path) -> tuple[dict[str, Any], Sections]:
@@ -570,8 +585,10 @@ def _check_dilated_sections(k: float, d: dict[str, Any], sections: Sections) -> 
                               f"{describe(e, 'workload')}") from None
     name = d["scheduler"]
     if name in sections.schedulers:
+        params = d["schedulers"].get(name) or {}
         try:
-            sections.schedulers[name].model_validate(dilate_params(d["schedulers"].get(name) or {}, k))
+            model = sections.schedulers[name]
+            model.model_validate(dilate_params({**_time_params(model, params), **params}, k))
         except ValidationError as e:
             raise ConfigError(f"time_dilation: {k:g} x {describe(e, f'schedulers.{name}')} (a scheduler's times "
                               f"are multiplied by time_dilation)") from None

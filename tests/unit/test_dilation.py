@@ -181,6 +181,20 @@ def test_wall_plan_divides_rates_and_multiplies_times(tmp_path):
     assert one.workload == plain.workload and one.scheduler_params == plain.scheduler_params
 
 
+def test_a_time_tunable_at_its_default_is_dilated_too(tmp_path):
+    """forest leaves chunk_ms and replan_probe_s out of its dump at their defaults (run ids stay);
+    dilated, they are still times x K, as when the config sets them to the same values."""
+    forest = variant(BASE, scheduler="forest", roles__servers=[], schedulers={})
+    left_out = experiment(tmp_path, forest, f"time_dilation={K}")
+    assert "chunk_ms" not in left_out.scheduler_params
+    params = wall_plan(left_out).scheduler_params
+    assert (params["chunk_ms"], params["replan_probe_s"], params["probe_s"]) == (8.0 * K, 0.1 * K, 0.25 * K)
+    set_ = experiment(tmp_path, variant(forest, schedulers={"forest": {"chunk_ms": 8.0, "replan_probe_s": 0.1}}),
+                      f"time_dilation={K}")
+    assert wall_plan(set_).scheduler_params == params
+    assert wall_plan(experiment(tmp_path, forest)).scheduler_params == experiment(tmp_path, forest).scheduler_params
+
+
 def test_roles_get_the_wall_clock_plan_and_never_k(tmp_path):
     plain, exp = experiment(tmp_path), experiment(tmp_path, None, f"time_dilation={K}")
     ips = {h: f"10.0.0.{i + 1}" for i, h in enumerate(exp.net.hosts)}
