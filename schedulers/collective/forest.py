@@ -109,6 +109,7 @@ PACE_MARGIN = 1.15             # pacing over the planned goodput (pace_margin): 
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
 PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers; shorter reads noisier
 REPLAN_PROBE_S = 0.1           # one round of a re-plan's probe (replan_probe_s): 1.1 s for 9 workers, paid mid-run
+FAN_ROUNDS = 1                 # the start-up probe's fan rounds, times over (ForestParams.fan_rounds)
 MIN_CHUNK_KB = MIN_CHUNK_NUMEL * 4 // 1024   # 16: a slow tree's smallest chunk by default (min_chunk_kb)
 
 
@@ -191,14 +192,17 @@ class ForestParams(SchedulerParams):
                                   description="length of one round of a re-plan's probe, seconds: the job waits for "
                                               "it mid-run, where the start-up probe is paid once, so it is shorter "
                                               "and reads noisier (see forest_replan.py)")
+    fan_rounds: int = Field(default=FAN_ROUNDS, ge=1, le=8,
+                            description="how many times the start-up probe runs its fan rounds, one per "
+                                        "worker, which alone saturate a worker's own link (see bandwidth.py)")
     replan_threshold: float = Field(default=0.25, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
                                                 "[ref / (1 + t), ref * (1 + t)]; t a fraction (0.25: 25 percent)")
 
     @model_serializer(mode="wrap")
     def _without_later_defaults(self, handler):
-        """chunk_ms, min_chunk_kb, pace, replan_probe_s and pace_margin at their defaults are left out of the
-        dump, so the run ids of configs that do not set them stay as they were (a sweep still resumes)."""
+        """chunk_ms, min_chunk_kb, pace, replan_probe_s, pace_margin and fan_rounds at their defaults are left
+        out of the dump, so the run ids of configs that do not set them stay as they were (a sweep still resumes)."""
         d = handler(self)
         if self.chunk_ms == CHUNK_MS:
             d.pop("chunk_ms", None)
@@ -210,6 +214,8 @@ class ForestParams(SchedulerParams):
             d.pop("replan_probe_s", None)
         if self.pace_margin == PACE_MARGIN:
             d.pop("pace_margin", None)
+        if self.fan_rounds == FAN_ROUNDS:
+            d.pop("fan_rounds", None)
         return d
 
 
@@ -316,7 +322,8 @@ class Forest(Scheduler):
         if params.bandwidth == "measured" and self.n > 1:
             self.replanner = Replanner(self, graph, nodes, model, (params.probe_s, params.replan_probe_s),
                                        params.replan_threshold,
-                                       params.epsilon, assumed=graph is not ctx.topology)
+                                       params.epsilon, assumed=graph is not ctx.topology,
+                                       fan_rounds=params.fan_rounds)
             self._fingerprint = zlib.crc32(json.dumps(["measured", hosts, skeleton(ctx.topology)]).encode())
             self.peers = [p for p in range(self.n) if p != self.rank]   # any two may share a tree later
             self._plan: ForestPlan | None = None

@@ -67,13 +67,16 @@ class Replanner:
     the failure and its lock; the Replanner calls `forest.install(plan, record)`."""
 
     def __init__(self, forest, graph: dict[str, Any], nodes: list[str], model: LinkModel,
-                 probe_s: tuple[float, float], threshold: float, epsilon: float, assumed: bool):
+                 probe_s: tuple[float, float], threshold: float, epsilon: float, assumed: bool,
+                 fan_rounds: int = 1):
         """probe_s: a probe round's length at start-up and when re-planning; assumed: no
-        capacity graph was given, `graph` is a star of one link per worker."""
+        capacity graph was given, `graph` is a star of one link per worker; fan_rounds: how
+        many times the start-up probe runs its fan rounds (a re-plan's, once)."""
         self.f = forest
         self.assumed = assumed
         self.graph, self.nodes, self.model = graph, nodes, model
         (self.probe_s, self.replan_probe_s), self.threshold, self.epsilon = probe_s, threshold, epsilon
+        self.fan_rounds = fan_rounds
         self.inbox: dict[tuple[str, int, int], dict] = {}
         self.decided: dict[int, str] = {}       # worker 0: iteration -> why it probes ("" = no probe)
         self.first_push: dict[int, float] = {}
@@ -212,7 +215,7 @@ class Replanner:
 
     def _plan(self, it: int, why: str, reports: list[list], t0: float, go: float, rounds_end: float) -> dict:
         """t0, go, rounds_end: when the re-plan began, when GO came, when the probe's rounds ended."""
-        rounds: list[dict[Pair, float]] = [{} for _ in probe_rounds(self.f.n)]
+        rounds: list[dict[Pair, float]] = [{} for _ in self._rounds(it)]
         for receiver, rates in enumerate(reports):    # reports[k]: what worker k received
             for r, src, bps in rates:
                 rounds[r][(src, receiver)] = bps
@@ -234,13 +237,16 @@ class Replanner:
         bytes of an earlier round still draining load the links too)."""
         start, out = time.monotonic(), []
         length = self.replan_probe_s if it > 0 else self.probe_s
-        for r, flows in enumerate(probe_rounds(self.f.n)):
+        for r, flows in enumerate(self._rounds(it)):
             dests = [j for i, j in flows if i == self.f.rank]
             begin = start + r * length
             _sleep_until(begin)
             out += [[r, j, bps] for j, bps in self._round(r, it, dests, begin, length).items() if bps > 0]
-        _sleep_until(start + len(probe_rounds(self.f.n)) * length)
+        _sleep_until(start + len(self._rounds(it)) * length)
         return out
+
+    def _rounds(self, it: int) -> list[list[Pair]]:
+        return probe_rounds(self.f.n, self.fan_rounds if it == 0 else 1)
 
     def _round(self, r: int, it: int, dests: list[int], begin: float, length: float) -> dict[int, float]:
         stop = begin + length

@@ -29,6 +29,8 @@ def test_rounds_all_to_all_a_ring_then_a_fan_per_worker():
     assert sorted(rounds[2]) == [(0, 1), (0, 2), (1, 0), (2, 0)]
     assert probe_rounds(2)[1] == [(0, 1), (1, 0)]
     assert probe_rounds(1) == []
+    twice = probe_rounds(3, fan_rounds=2)       # the fans again: a second reading of each worker's link
+    assert len(twice) == 8 and twice[:5] == rounds and twice[5:] == rounds[2:]
 
 
 def test_estimate_sums_flows_per_link_and_the_fan_finds_a_fast_host():
