@@ -193,8 +193,9 @@ class ForestParams(SchedulerParams):
                                               "it mid-run, where the start-up probe is paid once, so it is shorter "
                                               "and reads noisier (see forest_replan.py)")
     fan_rounds: int = Field(default=FAN_ROUNDS, ge=1, le=8,
-                            description="how many times the start-up probe runs its fan rounds, one per "
-                                        "worker, which alone saturate a worker's own link (see bandwidth.py)")
+                            description="how many times the start-up probe runs its fan rounds (a count): one "
+                                        "round per worker, which alone saturates that worker's own link (see "
+                                        "bandwidth.py)")
     replan_threshold: float = Field(default=0.25, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
                                                 "[ref / (1 + t), ref * (1 + t)]; t a fraction (0.25: 25 percent)")
