@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import abc
 import time
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from contracts.scheduler_info import BoundModel, ClaimRole, Family, SchedulerInfo, TuneDim
 
@@ -32,6 +34,22 @@ class SchedulerParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     requires_servers: ClassVar[bool] = True
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, v: Any, info: ValidationInfo) -> Any:
+        """pydantic takes true as 1 for a number; a tunable set to true is a mistake, refused."""
+        if isinstance(v, bool) and info.field_name is not None and _is_number(cls.model_fields[info.field_name]):
+            raise ValueError("must be a number, not true or false")
+        return v
+
+
+def _is_number(field_info) -> bool:
+    """An int or float field (optionally None), not a bool one."""
+    ann = field_info.annotation
+    args = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
+    kinds = {a for a in args if a is not type(None)}
+    return bool(kinds) and kinds <= {int, float}
 
 
 @dataclass(frozen=True)

@@ -24,3 +24,20 @@ def test_hostile_tunables_are_refused(scheduler, key, value):
 def test_paper_defaults_are_within_range():
     for model in params_models().values():
         model.model_validate(model().model_dump())  # the defaults, validated (pydantic skips them)
+
+
+def test_a_number_set_to_true_or_false_is_refused_naming_it():
+    """pydantic would take true as 1; every scheduler's numeric tunable refuses it, and a bool one takes it."""
+    numeric = 0
+    for model in params_models().values():
+        for name, info in model.model_fields.items():
+            if info.annotation is bool:
+                model.model_validate({name: True})
+                continue
+            if info.annotation not in (int, float, int | None, float | None):
+                continue
+            numeric += 1
+            with pytest.raises(ValidationError, match="must be a number, not true or false") as e:
+                model.model_validate({name: True})
+            assert e.value.errors()[0]["loc"] == (name,)
+    assert numeric > 20
