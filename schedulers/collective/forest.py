@@ -34,9 +34,9 @@ such a forest from 0.61-0.65 of its bound to 0.72-0.81, given the CPU for 4x the
 (time dilation 8; at 4 the CPU idle fell to 0.12-0.24). Uniform sites (9 workers) show the
 same: their 11 trees have depth 2 and sit at the 16 KiB floor, so the tree that sets the
 iteration has a pipeline share (analysis/forest_trees.py: slice / (slice + 3 chunks)) of
-0.77-0.82 and reached 0.73-0.80 of its plan; 4 KiB chunks raise that share to 0.88-0.91 and
-took the forest from 0.73-0.80 of its bound to 0.85-0.92, given time dilation 2-4 for their
-CPU (undilated, 4-8 KiB chunks took the CPU idle to 0.08-0.15; two runs each).
+0.77-0.82 and reached 0.73-0.85 of its plan; 4 KiB chunks raise that share to 0.87-0.92 and
+took the forest from 0.73-0.83 of its bound to 0.85-0.92, given time dilation 2-4 for their
+CPU (undilated, 4-8 KiB chunks took the CPU idle to 0.08-0.34; configs/examples/forest_chunks.yaml).
 
 Pacing (`pace`, on by default). Each connection is capped (SO_MAX_PACING_RATE, TCP's own
 pacing, no fq needed) at the plan's rate for its pair of workers, the sum of the rates of the
