@@ -103,7 +103,7 @@ def iteration_table(rec: ForestTrees, warmup: int, k: float = 1.0) -> pd.DataFra
         path = edge.up if int(slow["src"]) == edge.child else edge.down
         rows.append({"iteration": int(it), "epoch": plan.epoch, "tree": int(tree), "root": pt.root, "depth": pt.depth,
                      "fraction": pt.fraction, "planned_bps": (pt.rate_bps or np.nan) * k,
-                     "achieved_bps": 8.0 * grp["bytes"].max() / dur if dur > 0 else np.nan,
+                     "achieved_bps": 8.0 * slice_bytes / dur if dur > 0 else np.nan,
                      "finish_s": dur, "last_rank": int(last_rank.get((it, tree), -1)),
                      "chunk_bytes": chunk, "pipeline_share": slice_bytes / (slice_bytes + (2 * pt.depth - 1) * chunk)
                      if slice_bytes > 0 and chunk > 0 else np.nan,

@@ -512,7 +512,7 @@ def validate_experiment(raw: dict[str, Any], sections: Sections, base_dir: Path 
 def _time_params(model: type[BaseModel], params: dict[str, Any]) -> dict[str, Any]:
     """`params`' tunables that are times (`*_s`, `*_ms`, `*_us`), with the defaults of those it leaves out."""
     full = model.model_validate(params)
-    return {name: getattr(full, name) for name in type(full).model_fields if is_time(name)}
+    return {name: getattr(full, name) for name in model.model_fields if is_time(name)}
 
 
 def _with_plugins(raw: dict[str, Any], sections: Sections, base_dir: Path) -> tuple[dict[str, Any], Sections]:

@@ -111,6 +111,8 @@ PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s 
 REPLAN_PROBE_S = 0.1           # one round of a re-plan's probe (replan_probe_s): 1.1 s for 9 workers, paid mid-run
 FAN_ROUNDS = 1                 # the start-up probe's fan rounds, times over (ForestParams.fan_rounds)
 MIN_CHUNK_KB = MIN_CHUNK_NUMEL * 4 // 1024   # 16: a slow tree's smallest chunk by default (min_chunk_kb)
+LATER_DEFAULTS = {"chunk_ms": CHUNK_MS, "min_chunk_kb": MIN_CHUNK_KB, "pace": True, "replan_probe_s": REPLAN_PROBE_S,
+                  "pace_margin": PACE_MARGIN, "fan_rounds": FAN_ROUNDS}   # tunables kept out of run ids at these
 
 
 def pair_trees(trees: tuple[Tree, ...], rank: int) -> dict[int, list[int]]:
@@ -202,21 +204,12 @@ class ForestParams(SchedulerParams):
 
     @model_serializer(mode="wrap")
     def _without_later_defaults(self, handler):
-        """chunk_ms, min_chunk_kb, pace, replan_probe_s, pace_margin and fan_rounds at their defaults are left
-        out of the dump, so the run ids of configs that do not set them stay as they were (a sweep still resumes)."""
+        """The tunables added after the first sweeps (LATER_DEFAULTS) are left out of the dump at their
+        defaults, so the run ids of configs that do not set them stay as they were (a sweep still resumes)."""
         d = handler(self)
-        if self.chunk_ms == CHUNK_MS:
-            d.pop("chunk_ms", None)
-        if self.min_chunk_kb == MIN_CHUNK_KB:
-            d.pop("min_chunk_kb", None)
-        if self.pace:
-            d.pop("pace", None)
-        if self.replan_probe_s == REPLAN_PROBE_S:
-            d.pop("replan_probe_s", None)
-        if self.pace_margin == PACE_MARGIN:
-            d.pop("pace_margin", None)
-        if self.fan_rounds == FAN_ROUNDS:
-            d.pop("fan_rounds", None)
+        for name, default in LATER_DEFAULTS.items():
+            if getattr(self, name) == default:
+                d.pop(name, None)
         return d
 
 

@@ -237,15 +237,17 @@ class Replanner:
         bytes of an earlier round still draining load the links too)."""
         start, out = time.monotonic(), []
         length = self.replan_probe_s if it > 0 else self.probe_s
-        for r, flows in enumerate(self._rounds(it)):
+        rounds = self._rounds(it)
+        for r, flows in enumerate(rounds):
             dests = [j for i, j in flows if i == self.f.rank]
             begin = start + r * length
             _sleep_until(begin)
             out += [[r, j, bps] for j, bps in self._round(r, it, dests, begin, length).items() if bps > 0]
-        _sleep_until(start + len(self._rounds(it)) * length)
+        _sleep_until(start + len(rounds) * length)
         return out
 
     def _rounds(self, it: int) -> list[list[Pair]]:
+        """The probe's rounds: start-up's repeats the fans `fan_rounds` times, a re-plan's once."""
         return probe_rounds(self.f.n, self.fan_rounds if it == 0 else 1)
 
     def _round(self, r: int, it: int, dests: list[int], begin: float, length: float) -> dict[int, float]:
