@@ -12,7 +12,8 @@ beat it (capacity.py's docstring), so it is a yardstick, not a bound.
 
 The probes' cost is their own time: each re-plan's record (scheduler_info.json `plans`)
 says how long its probe held the job (`probe_s`, READY to estimate), and the iteration it
-ran in is the one that pays it.
+ran in is the one that pays it. The record is the workers' clock, k times the emulated one in
+a time-dilated run, so it is divided by k here, as the iterations already are.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.bounds import comm_bound_s, payload_graph, run_pattern
-from analysis.capacity import run_capacities
+from analysis.capacity import run_capacities, time_dilation
 from contracts.iterations import measured
 
 DIGITS = 4  # capacities equal to this many significant digits share one LP
@@ -69,11 +70,13 @@ def summary(run, run_dir: Path) -> dict | None:
     if win.empty:
         return None
     win["bound_s"] = instant_bounds(run, run_dir, win)
-    replans = [p for p in plan_records(run_dir) if p.get("iteration", 0) > 0]
-    probe_s = sum(float(p.get("probe_s") or 0) for p in replans if p["iteration"] in win.index)
+    k = time_dilation(run_dir)
+    replans = [{**p, "probe_s": float(p.get("probe_s") or 0) / k}
+               for p in plan_records(run_dir) if p.get("iteration", 0) > 0]
+    probe_s = sum(p["probe_s"] for p in replans if p["iteration"] in win.index)
     after = win[win.index > replans[-1]["iteration"]] if replans else win.iloc[0:0]
     return {"of_instant_optimum": win["bound_s"].sum() / win["t"].sum(),
-            "replans": [(p["iteration"], p.get("reason", ""), float(p.get("probe_s") or 0)) for p in replans],
+            "replans": [(p["iteration"], p.get("reason", ""), p["probe_s"]) for p in replans],
             "probe_s": probe_s, "probe_share": probe_s / win["t"].sum(),
             "without_probes": win["bound_s"].sum() / (win["t"].sum() - probe_s),
             "after_last": after["bound_s"].sum() / after["t"].sum() if len(after) else float("nan"),

@@ -238,6 +238,9 @@ def test_the_optimum_averaged_over_a_run_takes_each_iteration_on_its_own_bandwid
     assert s["without_probes"] == pytest.approx(sum(expected) / 4.6, rel=1e-6)
     assert s["after_last"] == pytest.approx(psecs(20), rel=1e-6)   # iterations 4 and 5
     assert s["replans"] == [(3, "iterations 1 and 2: slower", 0.4)]
+    (tmp_path / "step" / "config.yaml").write_text("time_dilation: 2\n")   # the record is the workers' clock
+    s = replan.summary(run, tmp_path / "step")
+    assert s["probe_s"] == 0.2 and s["replans"] == [(3, "iterations 1 and 2: slower", 0.2)]
     shutil.rmtree(tmp_path / "step" / "roles")
     assert replan.summary(run, tmp_path / "step") is None   # as in the committed example sets
 
