@@ -108,11 +108,13 @@ from schedulers.transport.peers import Acceptor, Hello, dial
 PACE_MARGIN = 1.15             # pacing over the planned goodput (pace_margin): headers (3.5%) and the probe's error
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
 PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers; shorter reads noisier
-REPLAN_PROBE_S = 0.1           # one round of a re-plan's probe (replan_probe_s): 1.1 s for 9 workers, paid mid-run
+REPLAN_PROBE_S = 0.1           # one round of a re-plan's probe (replan_probe_s): 0.2 s of rounds, 1.1 s if full
+REPLAN_ROUNDS = "shared"       # a re-plan re-reads the links between switches only (replan_rounds)
 FAN_ROUNDS = 1                 # the start-up probe's fan rounds, times over (ForestParams.fan_rounds)
 MIN_CHUNK_KB = MIN_CHUNK_NUMEL * 4 // 1024   # 16: a slow tree's smallest chunk by default (min_chunk_kb)
 LATER_DEFAULTS = {"chunk_ms": CHUNK_MS, "min_chunk_kb": MIN_CHUNK_KB, "pace": True, "replan_probe_s": REPLAN_PROBE_S,
-                  "pace_margin": PACE_MARGIN, "fan_rounds": FAN_ROUNDS}   # tunables kept out of run ids at these
+                  "pace_margin": PACE_MARGIN, "fan_rounds": FAN_ROUNDS,
+                  "replan_rounds": REPLAN_ROUNDS}   # tunables kept out of run ids at these
 
 
 def pair_trees(trees: tuple[Tree, ...], rank: int) -> dict[int, list[int]]:
@@ -198,6 +200,11 @@ class ForestParams(SchedulerParams):
                             description="how many times the start-up probe runs its fan rounds (a count): one "
                                         "round per worker, which alone saturates that worker's own link (see "
                                         "bandwidth.py)")
+    replan_rounds: Literal["shared", "all"] = Field(
+        default=REPLAN_ROUNDS, description="which probe rounds a re-plan runs: shared, all-to-all and the ring, which "
+        "saturate the links between switches, keeping each worker's own link at its last full estimate (a re-plan "
+        "due before the plan of such a probe ran steadily, or on a star, probes every link); all: the fan rounds "
+        "too, one per worker (see forest_replan.py)")
     replan_threshold: float = Field(default=0.25, gt=0, le=10,
                                     description="re-plan when an iteration's all-reduce time leaves "
                                                 "[ref / (1 + t), ref * (1 + t)]; t a fraction (0.25: 25 percent)")
@@ -317,7 +324,7 @@ class Forest(Scheduler):
             self.replanner = Replanner(self, graph, nodes, model, (params.probe_s, params.replan_probe_s),
                                        params.replan_threshold,
                                        params.epsilon, assumed=graph is not ctx.topology,
-                                       fan_rounds=params.fan_rounds)
+                                       fan_rounds=params.fan_rounds, replan_rounds=params.replan_rounds)
             self._fingerprint = zlib.crc32(json.dumps(["measured", hosts, skeleton(ctx.topology)]).encode())
             self.peers = [p for p in range(self.n) if p != self.rank]   # any two may share a tree later
             self._plan: ForestPlan | None = None

@@ -12,7 +12,19 @@ boundary, when no gradient is in flight anywhere:
    the links' capacities, plans, and sends the PLAN (the plan and why it was made); every
    worker installs the same plan (parsed from the same JSON) and pushes on.
 
-Start-up runs the same probe before iteration 0.
+Start-up runs the same probe before iteration 0, with every round (bandwidth.py).
+
+Which rounds a re-plan runs. The fan rounds, one per worker, are most of the probe (9 of 11
+rounds for 9 workers) and read only the workers' own links; the links between switches, where
+a concurrent job or a switched route changes the bandwidth, are saturated by the first two
+rounds (all-to-all, ring). With `replan_rounds: shared` (the default) a re-plan runs those two
+and keeps the workers' own links at their last full estimate: a 1.1 s probe of 0.1 s rounds
+becomes 0.3 s for 9 workers. On racks whose uplink a tenant's UDP took 50 of 75 Mb/s, mid-run,
+this is what separated the run from 0.8 of the optimum averaged over it (the probe was 7% of
+the run; docs/reproducing.md, forest-replan). A change of a worker's own link is then missed by
+the re-plan, so it fires again: a re-plan due while the plan of a shared probe has not yet
+run three steady iterations (it could not run at its rate) probes every link, and so does every
+re-plan where no link on the workers' paths is shared (a star: nothing else to re-read).
 
 Trigger. Worker 0 times each iteration's all-reduce (its first push to its last average).
 The median of the last 5 iterations under a plan (from its third: the first two after a
@@ -58,6 +70,7 @@ REFERENCE_ITERATIONS = 3    # iterations in the reference before it is trusted
 REFERENCE_WINDOW = 5        # the reference: median all-reduce time of its last this many iterations
 MIN_CHANGE_S = 0.02         # a smaller change of the all-reduce time cannot repay a probe of seconds
 PLAN_EFFICIENCY_MIN = 0.5   # an all-reduce slower than twice the plan's prediction: the plan is wrong
+FULL, SHARED = "all", "shared"   # a probe of every round, or of the rounds that saturate shared links
 _ORDER = (-1,)              # probe frames go before any gradient
 _CTRL_ORDER = (-2,)         # and control messages before probe frames
 
@@ -68,17 +81,26 @@ class Replanner:
 
     def __init__(self, forest, graph: dict[str, Any], nodes: list[str], model: LinkModel,
                  probe_s: tuple[float, float], threshold: float, epsilon: float, assumed: bool,
-                 fan_rounds: int = 1):
+                 fan_rounds: int = 1, replan_rounds: str = "shared"):
         """probe_s: a probe round's length at start-up and when re-planning; assumed: no
         capacity graph was given, `graph` is a star of one link per worker; fan_rounds: how
-        many times the start-up probe runs its fan rounds (a re-plan's, once)."""
+        many times the start-up probe runs its fan rounds (a full re-plan's, once);
+        replan_rounds: "shared" or "all", which rounds a re-plan runs (above)."""
         self.f = forest
         self.assumed = assumed
         self.graph, self.nodes, self.model = graph, nodes, model
         (self.probe_s, self.replan_probe_s), self.threshold, self.epsilon = probe_s, threshold, epsilon
         self.fan_rounds = fan_rounds
+        # the links a shared probe re-reads: on some worker's path, touching no worker's node
+        own = set(nodes)
+        shared = np.array([u not in own and v not in own for u, v in model.links]) & model.hop_load.any(axis=(0, 1)) \
+            if model is not None else np.zeros(0, bool)
+        self.own_links = ~shared
+        self.shared_replans = replan_rounds == "shared" and bool(shared.any())
+        self.capacity: np.ndarray | None = None  # worker 0: the estimate the current plan was made on
+        self.plan_probe = FULL                   # the probe the current plan came from
         self.inbox: dict[tuple[str, int, int], dict] = {}
-        self.decided: dict[int, str] = {}       # worker 0: iteration -> why it probes ("" = no probe)
+        self.decided: dict[int, tuple[str, bool]] = {}  # worker 0: iteration -> (why it probes, "" = not; full?)
         self.first_push: dict[int, float] = {}
         self.last_push: dict[int, float] = {}
         self.windows: list[float] = []           # all-reduce times under the current plan
@@ -110,17 +132,17 @@ class Replanner:
     def enter(self, it: int) -> None:
         """Before the first push of iteration `it` (lock not held): probe and re-plan if due."""
         others = [p for p in range(self.f.n) if p != self.f.rank]
+        why, full = "", True
         if it == 0:
             why = "start-up: no plan yet"
         elif self.f.rank == 0:
             with self.f._cv:
-                why = self.decided.pop(it, "")
+                why, full = self.decided.pop(it, ("", True))
         elif it >= 2:
-            why = self._await("note", it, [0])[0]["why"]
-        else:
-            why = ""
+            note = self._await("note", it, [0])[0]
+            why, full = note["why"], note["full"]
         if why:
-            self._replan(it, why, others)
+            self._replan(it, why, full, others)
         if self.f.rank == 0:
             with self.f._cv:
                 self.first_push[it] = time.monotonic()
@@ -132,7 +154,7 @@ class Replanner:
         started = self.first_push.pop(it, None)
         backward = self.last_push.pop(it, 0.0) - (started or 0.0)
         why = ""
-        if started is not None and it >= 1 and self.decided.get(it + 1, "") == "":
+        if started is not None and it >= 1 and not self.decided.get(it + 1, ("", True))[0]:
             window = time.monotonic() - started
             self.trace.append([it, self.epoch, window])
             side, text = self._outside(window, backward)
@@ -141,9 +163,14 @@ class Replanner:
             elif not side and it >= self.installed_at + SETTLE_ITERATIONS:
                 self.windows.append(window)
             self.outside = (side, it)
-        self.decided[it + 2] = why
+        full = self.full_probe_due()
+        self.decided[it + 2] = (why, full)
         for p in range(1, self.f.n):
-            self.send(p, {"t": "note", "it": it + 2, "why": why})
+            self.send(p, {"t": "note", "it": it + 2, "why": why, "full": full})
+
+    def full_probe_due(self) -> bool:
+        """Whether a re-plan decided now probes every link (see the module docstring)."""
+        return not self.shared_replans or (self.plan_probe == SHARED and len(self.windows) < REFERENCE_ITERATIONS)
 
     def pushed(self, it: int) -> None:
         """Worker 0, lock held: a gradient of `it` was pushed (the last one ends the backward pass)."""
@@ -181,7 +208,7 @@ class Replanner:
                 self.f._failure.check()
                 self.f._cv.wait(1.0)
 
-    def _replan(self, it: int, why: str, others: list[int]) -> None:
+    def _replan(self, it: int, why: str, full: bool, others: list[int]) -> None:
         t0 = time.time()
         with self.f._cv:
             self.busy = it
@@ -195,35 +222,41 @@ class Replanner:
         with self.f._cv:
             self.f.unpace()   # the probe measures the links, not the plan's caps
         go = time.time()
-        mine = self._probe(it)
+        mine = self._probe(it, full)
         rounds_end = time.time()
         if self.f.rank != 0:
             self.send(0, {"t": "report", "it": it, "rates": mine})
             msg = self._await("plan", it, [0])[0]
         else:
             reports = [mine] + [m["rates"] for m in self._await("report", it, others)]
-            msg = self._plan(it, why, reports, t0, go, rounds_end)
+            msg = self._plan(it, why, full, reports, t0, go, rounds_end)
             for p in others:
                 self.send(p, msg)
             msg = json.loads(json.dumps(msg))    # what the others parse, to the last bit
         with self.f._cv:
             self.windows, self.outside, self.installed_at = [], (0, -1), it
             self.epoch = msg["record"]["epoch"]
+            self.plan_probe = msg["record"]["probe"]
             self.f.install(ForestPlan.from_dict(msg["plan"]), msg["record"])
             self.busy = None
             self.f._cv.notify_all()
 
-    def _plan(self, it: int, why: str, reports: list[list], t0: float, go: float, rounds_end: float) -> dict:
+    def _plan(self, it: int, why: str, full: bool, reports: list[list], t0: float, go: float,
+              rounds_end: float) -> dict:
         """t0, go, rounds_end: when the re-plan began, when GO came, when the probe's rounds ended."""
-        rounds: list[dict[Pair, float]] = [{} for _ in self._rounds(it)]
+        rounds: list[dict[Pair, float]] = [{} for _ in self._rounds(it, full)]
         for receiver, rates in enumerate(reports):    # reports[k]: what worker k received
             for r, src, bps in rates:
                 rounds[r][(src, receiver)] = bps
         capacity = estimate(self.model, rounds)
+        if not full:    # the workers' own links as the last full probe read them
+            capacity = np.where(self.own_links, self.capacity, capacity)
+        self.capacity = capacity
         probed = time.time()
         plan = plan_forest(with_capacities(self.graph, self.model, capacity), self.nodes, self.epsilon)
         plan = dataclasses.replace(plan, assumed_topology=self.assumed)
         record = {"epoch": self.epoch + (it > 0), "iteration": it, "time": t0, "reason": why,
+                  "probe": FULL if full else SHARED, "rounds": len(rounds),
                   "probe_s": probed - t0, "plan_s": time.time() - probed,
                   "ready_s": go - t0, "rounds_s": rounds_end - go,
                   "rate_bps": plan.rate, "optimum_bps": plan.optimum, "trees": len(plan.trees),
@@ -231,13 +264,13 @@ class Replanner:
                                                                                strict=True)}}
         return {"t": "plan", "it": it, "plan": plan.to_dict(), "record": record}
 
-    def _probe(self, it: int) -> list[list]:
+    def _probe(self, it: int, full: bool) -> list[list]:
         """Run every round from now; return [round, sender, bit/s] of what reached us from each
         peer in each round's measuring window (bytes_arrived; any peer, in the round or not:
         bytes of an earlier round still draining load the links too)."""
         start, out = time.monotonic(), []
         length = self.replan_probe_s if it > 0 else self.probe_s
-        rounds = self._rounds(it)
+        rounds = self._rounds(it, full)
         for r, flows in enumerate(rounds):
             dests = [j for i, j in flows if i == self.f.rank]
             begin = start + r * length
@@ -246,9 +279,10 @@ class Replanner:
         _sleep_until(start + len(rounds) * length)
         return out
 
-    def _rounds(self, it: int) -> list[list[Pair]]:
-        """The probe's rounds: start-up's repeats the fans `fan_rounds` times, a re-plan's once."""
-        return probe_rounds(self.f.n, self.fan_rounds if it == 0 else 1)
+    def _rounds(self, it: int, full: bool) -> list[list[Pair]]:
+        """The probe's rounds: start-up's repeats the fans `fan_rounds` times, a full re-plan's
+        runs them once, a shared one none (all-to-all and the ring)."""
+        return probe_rounds(self.f.n, self.fan_rounds if it == 0 else 1 if full else 0)
 
     def _round(self, r: int, it: int, dests: list[int], begin: float, length: float) -> dict[int, float]:
         stop = begin + length

@@ -139,9 +139,10 @@ def test_pacing_never_holds_a_chunk_longer_than_chunk_ms():
 
 def test_tunables_added_later_stay_out_of_the_run_id_at_their_defaults():
     """A config that does not set them keeps its run id (a sweep resumes); set, they count."""
-    later = {"chunk_ms", "min_chunk_kb", "pace", "replan_probe_s", "pace_margin", "fan_rounds"}
+    later = {"chunk_ms", "min_chunk_kb", "pace", "replan_probe_s", "pace_margin", "fan_rounds", "replan_rounds"}
     assert not later & set(ForestParams().model_dump())
-    changed = ForestParams(chunk_ms=4, min_chunk_kb=4, pace=False, replan_probe_s=0.2, pace_margin=1.3, fan_rounds=2)
+    changed = ForestParams(chunk_ms=4, min_chunk_kb=4, pace=False, replan_probe_s=0.2, pace_margin=1.3, fan_rounds=2,
+                           replan_rounds="all")
     assert later <= set(changed.model_dump())
 
 

@@ -15,7 +15,7 @@ from schedulers.collective.forest import Forest
 from schedulers.collective.forest_plan import plan_forest
 from schedulers.core.base import CommError, TensorSpec
 from schedulers.core.linkmodel import LinkModel
-from tests.factories import star_links
+from tests.factories import racks_node_link, star_links
 from tests.loopback_jobs import assert_averages, ctx, endpoints, run_threads
 
 MBPS = 1e6
@@ -80,10 +80,13 @@ def test_structure_keeps_non_worker_hosts_as_hosts():
     assert skeleton(star_links([1, 2])) == skeleton(star_links([3, 4])) != skeleton(star_links([1, 2, 3]))
 
 
-def _job(n, iterations, delay_at=None, params=None):
-    """n workers on a star, measured bandwidth; worker n-1 pauses 0.3 s before each iteration
-    in `delay_at` (a slowdown worker 0 sees in that iteration's all-reduce)."""
-    hosts = [f"h{i}" for i in range(n)]
+def _job(n, iterations, delay_at=None, params=None, racks=False, gap_s=0.0):
+    """n workers on a star (or two racks of n / 2 under a core switch), measured bandwidth;
+    worker n-1 pauses 0.3 s before each iteration in `delay_at` (a slowdown worker 0 sees in
+    that iteration's all-reduce). gap_s between a worker's pushes: a backward pass, which the
+    plan's prediction takes as the least an all-reduce can take (loopback's rates predict
+    under 1 ms, so two iterations that Python's scheduling slowed by 20 ms re-plan without one)."""
+    topo, hosts = racks_node_link(n // 2, 50) if racks else (star_links([100] * n), [f"h{i}" for i in range(n)])
     eps = endpoints(hosts)
     sizes = [3000, 70_000, 5]
     tensors = [TensorSpec(k, f"t{k}", s, k) for k, s in enumerate(sizes)]
@@ -92,13 +95,15 @@ def _job(n, iterations, delay_at=None, params=None):
              for _ in range(iterations)]
 
     def work(r):
-        sched = registry.create("forest", ctx(r, eps, star_links([100] * n)), {"probe_s": 0.1, **(params or {})})
+        sched = registry.create("forest", ctx(r, eps, topo), {"probe_s": 0.1, **(params or {})})
         sched.start(tensors)
         got = []
         for it in range(iterations):
             if it in (delay_at or ()) and r == n - 1:
                 time.sleep(0.3)
-            for t in reversed(tensors):
+            for k, t in enumerate(reversed(tensors)):
+                if k:
+                    time.sleep(gap_s)
                 sched.push(t.key, grads[it][r][t.key].copy(), it)
             got.append([sched.wait(t.key, it).copy() for t in tensors])
         sched.close()
@@ -126,8 +131,28 @@ def test_two_slow_iterations_re_plan_two_iterations_later_on_every_worker():
     plans = infos[0]["plans"]
     assert [p["iteration"] for p in plans] == [0, 7], plans        # one slow iteration (8) is not enough
     assert "iterations 4 and 5" in plans[1]["reason"] and plans[1]["epoch"] == 1
+    assert (plans[1]["probe"], plans[1]["rounds"]) == ("all", 5)   # a star: every link is a worker's own
     assert [it for it, _, _ in infos[0]["allreduce_s"]] == [1, 2, 3, 4, 5, 7, 8, 9]
     assert all((i["plan"], i["plans"]) == (infos[0]["plan"], infos[0]["plans"]) for i in infos)
+
+
+@pytest.mark.slow
+def test_a_re_plan_re_reads_the_shared_links_then_every_link_if_its_plan_did_not_hold():
+    """Two racks of 2: a re-plan runs all-to-all and the ring (2 rounds, not n + 2), re-reads the
+    uplinks and keeps each worker's own links at start-up's estimate. Two more slow iterations
+    before that plan ran three steady ones: the next re-plan probes every link."""
+    infos = _job(4, 13, delay_at=(4, 5, 8, 9), params={"replan_threshold": 1.0}, racks=True, gap_s=0.03)
+    plans = infos[0]["plans"]
+    assert [(p["iteration"], p["probe"], p["rounds"]) for p in plans] == [(0, "all", 6), (7, "shared", 2),
+                                                                          (11, "all", 6)], plans
+    start, shared = plans[0]["capacity_bps"], plans[1]["capacity_bps"]
+    uplinks = {"s1>s0", "s0>s1", "s2>s0", "s0>s2"}
+    assert {k: v for k, v in shared.items() if k not in uplinks} == {k: v for k, v in start.items() if k not in uplinks}
+    assert all(shared[k] != start[k] for k in uplinks)      # read again (loopback's rates: never the same float)
+    assert all((i["plan"], i["plans"]) == (infos[0]["plan"], infos[0]["plans"]) for i in infos)
+    every = _job(4, 10, delay_at=(4, 5), params={"replan_threshold": 1.0, "replan_rounds": "all"}, racks=True,
+                 gap_s=0.03)
+    assert [(p["iteration"], p["probe"], p["rounds"]) for p in every[0]["plans"]] == [(0, "all", 6), (7, "all", 6)]
 
 
 @pytest.mark.slow
