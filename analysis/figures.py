@@ -11,13 +11,15 @@ to hand down (tasks.py): analysis reads stored files only.
 `keep_set` copies a sweep's results into a committed set with only what the figures read:
 runs.parquet (whose rows hold the bounds computed after the sweep) and, per run, config.yaml,
 meta.json, iterations.parquet, scheduler_info.json and faults.parquet. The link samples, role
-specs, logs and the per-layer, queue and CPU tables are left out: no figure of docs/ reads
-them (the report of such a set leaves the physics check's byte count unjudged). The demo's set
-(`tables: all` in figures.yaml) keeps the per-layer, link and CPU tables and the role specs
+specs, logs, the per-layer, queue and CPU tables and the forest's per-tree record (scheduler_info's
+`trees`: 1.3 MB in a 160-iteration run) are left out: no figure of docs/ reads them (the report
+of such a set leaves the physics check's byte count unjudged). The demo's set (`tables: all` in
+figures.yaml) keeps the per-layer, link and CPU tables, the role specs and the per-tree record
 too: the notebook reads it.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ import yaml
 from analysis import forest_compare, physics, plots
 from analysis.speedup import load_comparison
 from analysis.tables import NoResults
+from contracts.forest_trees import KEY as TREES
 
 COMMITTED = Path("examples") / "results"  # relative to the repository: the committed small sets
 LONG = Path("results")                      # where the long sweeps write theirs
@@ -125,7 +128,8 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows)
 
 
-KEEP = ("config.yaml", "meta.json", "iterations.parquet", "scheduler_info.json", "faults.parquet")
+INFO = "scheduler_info.json"
+KEEP = ("config.yaml", "meta.json", "iterations.parquet", INFO, "faults.parquet")
 
 
 # A set the notebook reads (notebooks/results_with_pandas.ipynb) keeps a run's tables too: the
@@ -151,6 +155,11 @@ def keep_set(src: Path, dst: Path, tables: str = "figures") -> int:
         for name in TABLES_ALL if tables == "all" else KEEP:
             if (run_dir / name).is_dir():
                 shutil.copytree(run_dir / name, out / name)
+            elif name == INFO and tables != "all" and (run_dir / name).exists():
+                info = json.loads((run_dir / name).read_text())
+                if isinstance(info, dict):
+                    info.pop(TREES, None)
+                (out / name).write_text(json.dumps(info))
             elif (run_dir / name).exists():
                 shutil.copy2(run_dir / name, out / name)
     return sum(p.stat().st_size for p in dst.rglob("*") if p.is_file())

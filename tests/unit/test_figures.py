@@ -185,6 +185,21 @@ def test_every_docs_figure_has_a_mapping_and_a_committed_set():
     assert not list(committed.rglob("logs")) and not list(committed.rglob("qdiscs.parquet"))
 
 
+def test_a_kept_set_drops_the_forest_per_tree_record_unless_it_keeps_every_table(tmp_path):
+    """The per-tree record is most of a forest run's scheduler_info.json (1.3 MB of a 160-iteration
+    run) and no figure reads it; the plans, which the re-planning figure reads, stay."""
+    run = tmp_path / "src" / "r1"
+    run.mkdir(parents=True)
+    pd.DataFrame({"run_id": ["r1"]}).to_parquet(tmp_path / "src" / "runs.parquet")
+    (run / "config.yaml").write_text("name: x\n")
+    info = {"plans": [{"iteration": 0}], "trees": {"ranks": [0, 1]}}
+    (run / "scheduler_info.json").write_text(json.dumps(info))
+    figures.keep_set(tmp_path / "src", tmp_path / "figs")
+    assert json.loads((tmp_path / "figs" / "r1" / "scheduler_info.json").read_text()) == {"plans": [{"iteration": 0}]}
+    figures.keep_set(tmp_path / "src", tmp_path / "all", tables="all")
+    assert json.loads((tmp_path / "all" / "r1" / "scheduler_info.json").read_text()) == info
+
+
 @pytest.mark.slow
 def test_figures_are_drawn_again_from_the_committed_sets_with_provenance(tmp_path):
     outcomes = figures.regenerate(tmp_path, REPO, results=tmp_path / "no-long-sweeps", commit="abc1234")
