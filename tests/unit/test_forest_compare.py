@@ -54,6 +54,15 @@ def test_no_forest_no_rows(tmp_path):
     assert forest_compare.compare(runs[runs["scheduler"] != "forest"], tmp_path).empty
 
 
+def test_a_forest_run_slower_in_wall_clock_is_on_the_same_network(tmp_path):
+    """Time dilation is how the emulation ran, not the network: results are in emulated time."""
+    runs = _sweep(tmp_path)
+    cfg = yaml.safe_load((tmp_path / "r0" / "config.yaml").read_text())
+    (tmp_path / "r0" / "config.yaml").write_text(yaml.safe_dump({**cfg, "time_dilation": 16}))
+    table = forest_compare.compare(runs, tmp_path).set_index(["network", "baseline"])
+    assert table.loc[("star", "fifo (server on h0)"), "measured"] == pytest.approx(4.0)
+
+
 def test_a_label_tells_two_rings_of_one_network_apart(tmp_path):
     runs = _sweep(tmp_path)
     extra = runs[runs["run_id"] == "r1"].assign(run_id="r9", label="ranks by rack", iter_time_median_s=0.2)
