@@ -40,8 +40,8 @@ readings over all its rounds) leaves a plan that cannot run at its rate, and a
 reference taken under it would hide that. One iteration is not enough: at 15 Mb/s the
 all-reduce time varies by +-20% between iterations, and a single-iteration trigger
 re-probed three times in 60 iterations on noise alone, at 5.7 s a probe (0.5 s rounds with
-gaps then; now 2.75 s for 9 workers at start-up, in the warm-up, and 1.1 s for a re-plan,
-whose 0.1 s rounds the job waits for mid-run). The default threshold, 0.25, keeps apart what these
+gaps then; now 2.75 s for 9 workers at start-up, in the warm-up, and 0.3 s for a re-plan of
+the shared links, whose 0.1 s rounds the job waits for mid-run). The default threshold, 0.25, keeps apart what these
 runs showed as noise (two iterations at 1.17x, after which the re-probe found the same
 rates) from the changes they were built for (3.4x after a tenant's arrival). A change that
 does not move the all-reduce time (a link no tree is limited by got faster) goes unnoticed.
