@@ -28,15 +28,17 @@ adds one chunk's transfer time, twice (reduce and broadcast). So a tree's chunks
 each level cost 37 ms where the iteration's bound was 218 ms; 16 KiB chunks took that forest
 from 0.71-0.76 of its bound to 0.86-0.88. Smaller chunks gained nothing there (8 KiB 0.88,
 4 KiB 0.86) and cost CPU where many slow trees share fast links (a star of 6 at 100 Mb/s, 6
-trees of 9 Mb/s: 9 KiB chunks took the CPU idle to 17%). Where a tree's slice is only a few
-16 KiB chunks (20 workers, 15-19 trees, the small CNN), its levels barely overlap: 4 KiB took
-such a forest from 0.61-0.65 of its bound to 0.72-0.81, given the CPU for 4x the frames
-(time dilation 8; at 4 the CPU idle fell to 0.12-0.24). Uniform sites (9 workers) show the
-same: their 11 trees have depth 2 and sit at the 16 KiB floor, so the tree that sets the
-iteration has a pipeline share (analysis/forest_trees.py: slice / (slice + 3 chunks)) of
-0.77-0.82 and reached 0.73-0.85 of its plan; 4 KiB chunks raise that share to 0.87-0.92 and
-took the forest from 0.73-0.83 of its bound to 0.85-0.92, given time dilation 2-4 for their
-CPU (undilated, 4-8 KiB chunks took the CPU idle to 0.08-0.34; configs/examples/forest_chunks.yaml).
+trees of 9 Mb/s: 9 KiB chunks took the CPU idle to 17%). Where a tree's slice is only a few 16
+KiB chunks (20 workers, 15-19 trees, the small CNN), its levels barely overlap: 4 KiB took such
+a forest from 0.61-0.65 of its bound to 0.71-0.81, given the CPU for 4x the frames (time
+dilation 8; at 4 the CPU idle fell to 0.12-0.24), and 2 KiB at dilation 16 to 0.82-0.85
+(pipeline share 0.91; at 32, 1 KiB chunks lost their connections: transport DEAD_PEER_S).
+Uniform sites (9 workers) show the same: their 11 trees have depth 2 and sit at the 16 KiB
+floor, so the tree that sets the iteration has a pipeline share (analysis/forest_trees.py:
+slice / (slice + 3 chunks)) of 0.77-0.82 and reached 0.73-0.85 of its plan; 4 KiB chunks raise
+that share to 0.87-0.92 and took the forest from 0.73-0.83 of its bound to 0.85-0.92, given
+time dilation 2-4 for their CPU (undilated, 4-8 KiB chunks took the CPU idle to 0.08-0.34;
+configs/examples/forest_chunks.yaml).
 
 Pacing (`pace`, on by default). Each connection is capped (SO_MAX_PACING_RATE, TCP's own
 pacing, no fq needed) at the plan's rate for its pair of workers, the sum of the rates of the
