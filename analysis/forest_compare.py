@@ -5,8 +5,8 @@ A network point is a run's resolved config without its scheduler, scheduler tuna
 roles and label (a parameter server placed on another host, or ranks listed in another order,
 is part of the baseline, not of the network), and without its time dilation: how slowly the
 emulation ran, not what it emulated (results are in emulated time), so a forest whose small
-chunks need the CPU of k = 16 is set beside baselines run at 8. At each point the forest that plans on measured
-bandwidth is the reference; for every other variant there:
+chunks need the CPU of k = 16 is set beside baselines run at 8. At each point the forest that
+plans on measured bandwidth is the reference; for every other variant there:
 
     predicted = baseline's bound / forest's bound,   measured = baseline's iteration / forest's,
 

@@ -70,6 +70,13 @@ def probe_rounds(n: int, fan_rounds: int = 1) -> list[list[Pair]]:
     return [everyone, ring, *fans * fan_rounds]
 
 
+def shared_links(model: LinkModel, nodes: list[str]) -> np.ndarray:
+    """Per link (model.links order): on some worker's path and touching no worker's node, the
+    links all-to-all and the ring saturate and a re-plan's shared probe re-reads (forest_replan.py)."""
+    own = set(nodes)
+    return np.array([u not in own and v not in own for u, v in model.links], bool) & model.hop_load.any(axis=(0, 1))
+
+
 def structure(topology: dict[str, Any] | None, hosts: list[str]) -> tuple[dict[str, Any], list[str], LinkModel]:
     """The graph whose capacities the probe estimates, the node of each worker in it, and its
     link model. Without a capacity graph (or with every worker on one host, as on loopback) a

@@ -94,7 +94,7 @@ from schedulers.collective.forest_record import (
     epoch_plan,
     gather_tree,
 )
-from schedulers.collective.forest_replan import PROBE_FRAME, Replanner
+from schedulers.collective.forest_replan import PROBE_FRAME, SHARED, Replanner
 from schedulers.core.failure import Failure
 from schedulers.transport.connection import (
     MIN_CHUNK_NUMEL,
@@ -111,7 +111,7 @@ PACE_MARGIN = 1.15             # pacing over the planned goodput (pace_margin): 
 CHUNK_MS = 8.0                 # a chunk's time at its tree's planned rate (ForestParams.chunk_ms)
 PROBE_S = 0.25                 # one probe round (ForestParams.probe_s): 2.75 s for 9 workers; shorter reads noisier
 REPLAN_PROBE_S = 0.1           # one round of a re-plan's probe (replan_probe_s): 0.2 s of rounds, 1.1 s if full
-REPLAN_ROUNDS = "shared"       # a re-plan re-reads the links between switches only (replan_rounds)
+REPLAN_ROUNDS = SHARED         # a re-plan re-reads the links between switches only (replan_rounds)
 FAN_ROUNDS = 1                 # the start-up probe's fan rounds, times over (ForestParams.fan_rounds)
 MIN_CHUNK_KB = MIN_CHUNK_NUMEL * 4 // 1024   # 16: a slow tree's smallest chunk by default (min_chunk_kb)
 LATER_DEFAULTS = {"chunk_ms": CHUNK_MS, "min_chunk_kb": MIN_CHUNK_KB, "pace": True, "replan_probe_s": REPLAN_PROBE_S,

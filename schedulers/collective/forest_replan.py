@@ -41,8 +41,8 @@ reference taken under it would hide that. One iteration is not enough: at 15 Mb/
 all-reduce time varies by +-20% between iterations, and a single-iteration trigger
 re-probed three times in 60 iterations on noise alone, at 5.7 s a probe (0.5 s rounds with
 gaps then; now 2.75 s for 9 workers at start-up, in the warm-up, and 0.3 s for a re-plan of
-the shared links, whose 0.1 s rounds the job waits for mid-run). The default threshold, 0.25, keeps apart what these
-runs showed as noise (two iterations at 1.17x, after which the re-probe found the same
+the shared links, whose 0.1 s rounds the job waits for mid-run). The default threshold, 0.25,
+keeps apart what these runs showed as noise (two iterations at 1.17x, after which the re-probe found the same
 rates) from the changes they were built for (3.4x after a tenant's arrival). A change that
 does not move the all-reduce time (a link no tree is limited by got faster) goes unnoticed.
 
@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from schedulers.api import CommError
-from schedulers.collective.bandwidth import Pair, estimate, probe_rounds, with_capacities
+from schedulers.collective.bandwidth import Pair, estimate, probe_rounds, shared_links, with_capacities
 from schedulers.collective.forest_plan import ForestPlan, plan_forest
 from schedulers.core.linkmodel import LinkModel
 from schedulers.transport.connection import Kind
@@ -81,7 +81,7 @@ class Replanner:
 
     def __init__(self, forest, graph: dict[str, Any], nodes: list[str], model: LinkModel,
                  probe_s: tuple[float, float], threshold: float, epsilon: float, assumed: bool,
-                 fan_rounds: int = 1, replan_rounds: str = "shared"):
+                 fan_rounds: int = 1, replan_rounds: str = SHARED):
         """probe_s: a probe round's length at start-up and when re-planning; assumed: no
         capacity graph was given, `graph` is a star of one link per worker; fan_rounds: how
         many times the start-up probe runs its fan rounds (a full re-plan's, once);
@@ -91,11 +91,8 @@ class Replanner:
         self.graph, self.nodes, self.model = graph, nodes, model
         (self.probe_s, self.replan_probe_s), self.threshold, self.epsilon = probe_s, threshold, epsilon
         self.fan_rounds = fan_rounds
-        # the links a shared probe re-reads: on some worker's path, touching no worker's node
-        own = set(nodes)
-        shared = np.array([u not in own and v not in own for u, v in model.links]) & model.hop_load.any(axis=(0, 1)) \
-            if model is not None else np.zeros(0, bool)
-        self.own_links = ~shared
+        shared = shared_links(model, nodes) if model is not None else np.zeros(0, bool)
+        self.own_links = ~shared                 # kept at the last full estimate by a shared probe
         self.shared_replans = replan_rounds == "shared" and bool(shared.any())
         self.capacity: np.ndarray | None = None  # worker 0: the estimate the current plan was made on
         self.plan_probe = FULL                   # the probe the current plan came from
@@ -163,7 +160,7 @@ class Replanner:
             elif not side and it >= self.installed_at + SETTLE_ITERATIONS:
                 self.windows.append(window)
             self.outside = (side, it)
-        full = self.full_probe_due()
+        full = self.full_probe_due() if why else True
         self.decided[it + 2] = (why, full)
         for p in range(1, self.f.n):
             self.send(p, {"t": "note", "it": it + 2, "why": why, "full": full})
