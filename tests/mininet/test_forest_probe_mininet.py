@@ -4,8 +4,7 @@ The plan is only as good as the capacities the probe measures, and a pacing fore
 them. Three racks of three workers with 75 Mb/s uplinks, one of which tc steps down to 15 Mb/s
 before the probe: its queue keeps the bytes of 20 ms at 75 Mb/s, 100 ms at 15, as a switch's
 buffer would. Every round that crosses racks loads that uplink both ways, so the estimate of
-each direction must come within about 10% of its payload rate (15 Mb/s x 1448/1514), erring
-high by up to 15%. Counting acknowledged bytes at the senders read it at 0.70-0.75 (repairs of
+each direction must come within 15% of its payload rate (15 Mb/s x 1448/1514). Counting acknowledged bytes at the senders read it at 0.70-0.75 (repairs of
 lost segments, and acknowledgements queued behind 100 ms of data going the other way); counted
 where the bytes arrive, single rounds read 0.5-1.12 (what other links' queues held at the
 window's ends), and the estimate, the upper quartile of the saturating rounds' readings
