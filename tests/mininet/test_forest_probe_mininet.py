@@ -4,12 +4,13 @@ The plan is only as good as the capacities the probe measures, and a pacing fore
 them. Three racks of three workers with 75 Mb/s uplinks, one of which tc steps down to 15 Mb/s
 before the probe: its queue keeps the bytes of 20 ms at 75 Mb/s, 100 ms at 15, as a switch's
 buffer would. Every round that crosses racks loads that uplink both ways, so the estimate of
-each direction must come within 15% of its payload rate (15 Mb/s x 1448/1514). Counting acknowledged bytes at the senders read it at 0.70-0.75 (repairs of
-lost segments, and acknowledgements queued behind 100 ms of data going the other way); counted
-where the bytes arrive, single rounds read 0.5-1.12 (what other links' queues held at the
-window's ends), and the estimate, the upper quartile of the saturating rounds' readings
-(bandwidth.py), 0.97-1.135 over 34 directions (median 1.02): it errs high rather than low,
-since a plan paced below a link's rate loses the difference. A bound of 1.12 failed 2 of 17 runs.
+each direction must come within 15% of its payload rate (15 Mb/s x 1448/1514). Counting
+acknowledged bytes at the senders read it at 0.70-0.75 (repairs of lost segments, and
+acknowledgements queued behind 100 ms of data going the other way); counted where the bytes
+arrive, single rounds read 0.5-1.12 (what other links' queues held at the window's ends), and
+the estimate, the upper quartile of the saturating rounds' readings (bandwidth.py),
+0.97-1.135 over 34 directions (median 1.02): it errs high rather than low, since a plan paced
+below a link's rate loses the difference. A bound of 1.12 failed 2 of 17 runs.
 """
 from __future__ import annotations
 
