@@ -288,20 +288,29 @@ class Replanner:
             self._keep_sending(j, r, it, stop)
         _sleep_until(skip)
         peers = list(self.f.conns)
-        before = {j: (self.f.conns[j].bytes_arrived(), time.monotonic()) for j in peers}
+        before = {j: (self._arrived(j), time.monotonic()) for j in peers}
         _sleep_until(stop)
         for j in dests:    # what is still queued would only load the next round
             self.f.outboxes[j].drop(Kind.PROBE)
         rates = {}
         for j in peers:
             got0, t_a = before[j]
-            got1, t_b = self.f.conns[j].bytes_arrived(), time.monotonic()
+            got1, t_b = self._arrived(j), time.monotonic()
             if got0 is None or got1 is None:
                 raise CommError("this kernel does not report the data segments a connection received "
                                 "(TCP_INFO, Linux 4.6+); use forest with bandwidth: configured")
             rates[j] = (got1 - got0) * 8 / (t_b - t_a)
         self.f._failure.check()
         return rates
+
+    def _arrived(self, peer: int) -> int | None:
+        """The connection's bytes_arrived; a connection already closed (its peer dead, the
+        kernel gave up on it) raises the failure recorded for it, not the socket's EBADF."""
+        try:
+            return self.f.conns[peer].bytes_arrived()
+        except OSError as e:
+            self.f._failure.check()
+            raise CommError(f"bandwidth probe: the connection to worker {peer} is gone ({e})") from None
 
     def _keep_sending(self, peer: int, r: int, it: int, stop: float) -> None:
         """Two probe frames queued at all times until `stop`: each one sent queues the next."""

@@ -4,6 +4,10 @@ stay exact across the switch. On loopback every "host" is 127.0.0.1, so the rate
 are loopback's; the Mininet tests and the forest sweep measure real links."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -15,6 +19,7 @@ from schedulers.collective.forest import Forest
 from schedulers.collective.forest_plan import plan_forest
 from schedulers.core.base import CommError, TensorSpec
 from schedulers.core.linkmodel import LinkModel
+from tests.conftest import REPO
 from tests.factories import racks_node_link, star_links
 from tests.loopback_jobs import assert_averages, ctx, endpoints, run_threads
 
@@ -153,6 +158,45 @@ def test_a_re_plan_re_reads_the_shared_links_then_every_link_if_its_plan_did_not
     every = _job(4, 10, delay_at=(4, 5), params={"replan_threshold": 1.0, "replan_rounds": "all"}, racks=True,
                  gap_s=0.03)
     assert [(p["iteration"], p["probe"], p["rounds"]) for p in every[0]["plans"]] == [(0, "all", 6), (7, "all", 6)]
+
+
+DIES_IN_PROBE = r"""
+import json, os, sys, threading
+from schedulers import registry
+from schedulers.core.base import Endpoint, RoleContext, TensorSpec
+a = json.loads(sys.argv[1])
+eps = [Endpoint(*e) for e in a["eps"]]
+s = registry.create("forest", RoleContext(a["rank"], len(eps), [], eps, topology=a["topo"], connect_timeout_s=20),
+                    {"probe_s": 1.0})
+threading.Timer(2.5, os._exit, [1]).start()   # the probe's third round of six: mid-probe
+s.start([TensorSpec(0, "w", 10, 0)])
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_during_the_probe_is_named(procs):
+    """Its connections close under the probe's rounds, which read them: every other worker
+    ends with a CommError naming it, never the closed socket's EBADF."""
+    hosts = [f"h{i}" for i in range(4)]
+    eps, topo, victim = endpoints(hosts), star_links([100] * 4), 3
+    arg = json.dumps({"rank": victim, "eps": [[e.host, e.ip, e.port] for e in eps], "topo": topo})
+    procs.start([sys.executable, "-c", DIES_IN_PROBE, arg], cwd=REPO, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def work(r):
+        s = Forest(ctx(r, eps, topo), Forest.Params(probe_s=1.0))
+        try:
+            s.start([TensorSpec(0, "w", 10, 0)])
+            s.push(0, np.ones(10, np.float32), 0)
+            s.wait(0, 0)
+        finally:
+            s.close()
+        return "no error"
+
+    out, took = run_threads(work, 3, join_s=40)
+    for r in range(3):
+        assert isinstance(out[r], CommError) and f"worker {victim} (h{victim}" in str(out[r]), (r, out[r])
+    assert took < 20
 
 
 @pytest.mark.slow
