@@ -20,6 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Role = Literal["server", "worker"]
 MODULES: dict[str, str] = {"server": "workloads.server", "worker": "workloads.worker"}  # what runs a role
+# A peer whose host vanished (no FIN, no RST) is declared dead after this long without
+# acknowledgements for data sent to it (TCP_USER_TIMEOUT) or, when idle, keepalive probes
+# (schedulers/transport/connection.py). Under time dilation k the roles get k times this:
+# their links run k times slower, and at k = 32 a flow of the forest's probe, one of 100
+# sharing a 1.6 Mb/s uplink, went 30 s without an acknowledgement and its connection was dropped.
+DEAD_PEER_S = 30.0
 
 
 class Address(BaseModel):
@@ -59,6 +65,7 @@ class RoleSpec(BaseModel):
     # plugins to load before the scheduler is created (schedulers/registry/plugins.py): files
     # (their copies in the run directory) or module names; empty for the built-ins
     plugins: list[str] = Field(default_factory=list)
+    dead_peer_s: float = Field(default=DEAD_PEER_S, gt=0)  # wall-clock seconds (x k under time dilation)
 
     @model_validator(mode="after")
     def _rank_names_a_peer(self) -> RoleSpec:
@@ -84,19 +91,23 @@ class RoleSpec(BaseModel):
 
     def to_json(self) -> str:
         # json.dumps, not model_dump_json: the same text as the files written before this model
-        # (and so no `plugins` key where there are none)
-        return json.dumps(self.model_dump(mode="json", exclude=set() if self.plugins else {"plugins"}), indent=1)
+        # (and so no `plugins` key where there are none, no `dead_peer_s` at its default)
+        left_out = ({"plugins"} if not self.plugins else set()) | ({"dead_peer_s"} if self.dead_peer_s == DEAD_PEER_S
+                                                                   else set())
+        return json.dumps(self.model_dump(mode="json", exclude=left_out), indent=1)
 
 
 def role_specs(servers: Sequence[Address], workers: Sequence[Address], *, seed: int, scheduler: str,
                params: dict[str, Any], workload: dict[str, Any], out_dir: str | Path,
                topology: dict[str, Any] | None = None, connect_timeout_s: float = 60.0, trace: bool = False,
-               iface: str | None = None, plugins: Sequence[str] = ()) -> list[RoleSpec]:
+               iface: str | None = None, plugins: Sequence[str] = (),
+               dead_peer_s: float = DEAD_PEER_S) -> list[RoleSpec]:
     """The spec of every role of one job, servers first. `iface`: the interface of every
     role (`lo` on loopback); None gives each role its host's `<host>-eth0`, the name
     Mininet gives a host's only interface. `plugins`: what each role loads first."""
     common = dict(seed=seed, servers=list(servers), workers=list(workers),
                   scheduler=SchedulerChoice(name=scheduler, params=params), workload=workload, topology=topology,
-                  out_dir=str(out_dir), connect_timeout_s=connect_timeout_s, trace=trace, plugins=list(plugins))
+                  out_dir=str(out_dir), connect_timeout_s=connect_timeout_s, trace=trace, plugins=list(plugins),
+                  dead_peer_s=dead_peer_s)
     return [RoleSpec(**common, role=role, rank=rank, iface=iface or f"{a.host}-eth0")
             for role, peers in (("server", servers), ("worker", workers)) for rank, a in enumerate(peers)]

@@ -39,6 +39,7 @@ from contracts.role_spec import RoleSpec
 from schedulers import registry
 from schedulers.core.base import CommError, Endpoint, RoleContext
 from schedulers.core.progress import ProgressReporter
+from schedulers.transport.connection import set_dead_peer_s
 from schedulers.transport.txstamps import save as save_tx_frames
 from workloads import profile_file
 from workloads.config import WorkloadConfig
@@ -158,6 +159,7 @@ def main(spec_path: str) -> int:
     spec = RoleSpec.model_validate_json(Path(spec_path).read_text())
     rank, wl, out_dir = spec.rank, WorkloadConfig.model_validate(spec.workload), Path(spec.out_dir)
     load_role_plugins(spec, spec_path)
+    set_dead_peer_s(spec.dead_peer_s)
     reporter = ProgressReporter(out_dir, spec.name).start()  # the orchestrator's watchdog reads it
     sched = registry.create(spec.scheduler.name, role_context(spec), spec.scheduler.params)
     trainer, data = make_trainer(wl, sched, rank, len(spec.workers), spec.seed)

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from contracts.role_spec import DEAD_PEER_S
 from emu.config.crosstraffic import Flow
 from emu.config.shaping import schedule_events
 from emu.config.topospec import NetSpec
@@ -108,6 +109,7 @@ class WallPlan:
     monitor_interval_s: float
     qdisc_interval_s: float
     connect_timeout_s: float
+    dead_peer_s: float                                  # the transport's, x k (contracts/role_spec.py)
     roles_grace_s: float
     workload: dict[str, Any]                            # speedup / k
     scheduler_params: dict[str, Any]                    # times x k
@@ -125,7 +127,7 @@ def wall_plan(exp, k: float | None = None) -> WallPlan:
         k=k, net=dilate_net(exp.net, k), shaping_events=schedule_events(exp.shaping, exp.timeout_s, k),
         flows=[dilate_flow(f, k) for f in exp.cross_traffic], timeout_s=exp.timeout_s * k,
         monitor_interval_s=exp.monitor.interval_s * k, qdisc_interval_s=exp.monitor.qdisc_interval_s * k,
-        connect_timeout_s=CONNECT_TIMEOUT_S * k, roles_grace_s=ROLES_GRACE_S * k,
+        connect_timeout_s=CONNECT_TIMEOUT_S * k, dead_peer_s=DEAD_PEER_S * k, roles_grace_s=ROLES_GRACE_S * k,
         workload=dilate_workload(exp.workload, k),
         scheduler_params=dilate_params({**exp.time_params, **exp.scheduler_params} if k != 1 else exp.scheduler_params,
                                        k))

@@ -144,7 +144,7 @@ def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path, wall: WallPl
                ) -> list[tuple[str, str, RoleSpec]]:
     """(role name, host, spec) for servers then workers. The roles live in wall-clock time:
     under time dilation (`wall`, emu/config/dilation.py) they get the links' real (dilated) rates in
-    their capacity graph, the scheduler's times and the connect timeout x k and replayed
+    their capacity graph, the scheduler's times, the connect timeout and the dead-peer time x k, replayed
     compute k times slower, and never k itself."""
     wall = wall or wall_plan(exp)
     specs = build_role_specs(
@@ -153,6 +153,7 @@ def role_specs(exp: Experiment, ips: dict[str, str], out_dir: Path, wall: WallPl
         seed=exp.seed, scheduler=exp.scheduler, params=wall.scheduler_params, workload=wall.workload,
         topology=graph_to_json(capacity_graph(wall.net)), out_dir=out_dir,
         connect_timeout_s=wall.connect_timeout_s,  # the run's own timeout_s bounds everything anyway
+        dead_peer_s=wall.dead_peer_s,
         trace=exp.trace, plugins=role_plugins(exp, Path(out_dir).parent))
     return [(s.name, s.address.host, s) for s in specs]
 

@@ -68,6 +68,7 @@ from schedulers.transport.connection import (
     Header,
     Kind,
     Mode,
+    set_dead_peer_s,
 )
 from schedulers.transport.loop import Loop, Peer, PeerError, abort_peers
 from schedulers.transport.peers import Acceptor, Hello
@@ -351,6 +352,7 @@ def main(argv: list[str], server_mode: Callable[[str], Mode]) -> int:
         return 2
     with open(argv[0]) as f:
         spec = RoleSpec.model_validate_json(f.read())
+    set_dead_peer_s(spec.dead_peer_s)
     t0 = time.monotonic()
     # The watchdog's view of this server: its bytes per connection (emu/run/watchdog.py).
     reporter = ProgressReporter(spec.out_dir, spec.name, phase="serving").start() if spec.out_dir else None

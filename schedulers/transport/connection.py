@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from contracts.role_spec import DEAD_PEER_S
 from schedulers.core.base import CommError
 
 if TYPE_CHECKING:
@@ -74,9 +75,12 @@ MIN_LOWAT, INITIAL_LOWAT, MAX_LOWAT = 16 * 1024, 1024 * 1024, 4 * 1024 * 1024
 RETUNE_S = 0.05
 RATE_DECAY = 0.5 ** (RETUNE_S / 1.0)  # the rate estimate halves per second of lower samples
 AUTO = "auto"
-# A peer whose host vanished (no FIN, no RST) is declared dead after this long without
-# acknowledgements for data we sent (TCP_USER_TIMEOUT) or, when idle, keepalive probes.
-DEAD_PEER_S = 30
+# A peer whose host vanished (no FIN, no RST) is declared dead after `dead_peer_s` without
+# acknowledgements for data we sent (TCP_USER_TIMEOUT) or, when idle, keepalive probes: a third
+# of it idle, then 10 probes over the rest. DEAD_PEER_S (contracts/role_spec.py) unless the
+# role was told otherwise (set_dead_peer_s: its spec's, x k under time dilation).
+_dead_peer_s = DEAD_PEER_S
+KEEPALIVE_PROBES = 10
 ABORT_LOCK_S = 1.0  # how long an ABORT waits for the frame being written to finish
 # A send that fails means the peer is gone; its ABORT (why) or EOF is read by the receive
 # thread within moments, and is the error worth keeping, so a send error waits this long.
@@ -121,13 +125,27 @@ class Header:
     nbytes: int
 
 
+def set_dead_peer_s(seconds: float) -> None:
+    """How long this process's connections from now on wait for a silent peer (a role's
+    entry point sets its spec's `dead_peer_s` before its scheduler connects)."""
+    global _dead_peer_s
+    if not seconds > 0:
+        raise ValueError(f"dead_peer_s must be > 0, not {seconds!r}")
+    _dead_peer_s = float(seconds)
+
+
+def dead_peer_s() -> float:
+    return _dead_peer_s
+
+
 def _configure(sock: socket.socket) -> None:
+    idle = max(1, round(_dead_peer_s / 3))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, DEAD_PEER_S // 3)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, DEAD_PEER_S // 3)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_PEER_S * 1000)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, round((_dead_peer_s - idle) / KEEPALIVE_PROBES)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, round(_dead_peer_s * 1000))
 
 
 class Connection:

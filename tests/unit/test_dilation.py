@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from analysis.bounds import load_graph, run_bounds
+from contracts.role_spec import RoleSpec
 from emu.config.dilation import (
     TABLES,
     cross_to_emulated,
@@ -174,6 +175,7 @@ def test_wall_plan_divides_rates_and_multiplies_times(tmp_path):
     assert argv[argv.index("-t") + 1] == "20" and argv[argv.index("-b") + 1] == "10M"
     # timeouts and the monitors' intervals
     assert (wall.timeout_s, wall.connect_timeout_s, wall.roles_grace_s) == (400, 240, 60)
+    assert (one.dead_peer_s, wall.dead_peer_s) == (30, 30 * K)
     assert (wall.monitor_interval_s, wall.qdisc_interval_s) == (0.4, 0.2)
     # replayed compute K times slower; the scheduler's times x K, its other tunables as they are
     assert wall.workload == {**exp.workload, "speedup": 0.5 / K}
@@ -203,6 +205,10 @@ def test_roles_get_the_wall_clock_plan_and_never_k(tmp_path):
     assert base["worker0"].connect_timeout_s == 60 and base["worker0"].workload == plain.workload
     w = specs["worker0"]
     assert w.connect_timeout_s == 60 * K
+    # a silent peer is declared dead after the transport's 30 s x K: the links run K times slower
+    assert base["worker0"].dead_peer_s == 30 and w.dead_peer_s == specs["server0"].dead_peer_s == 30 * K
+    assert "dead_peer_s" not in base["worker0"].to_json() and json.loads(w.to_json())["dead_peer_s"] == 30 * K
+    assert RoleSpec.model_validate_json(w.to_json()) == w
     assert w.workload["speedup"] == 0.5 / K and WorkloadConfig.model_validate(w.workload).speedup == 0.5 / K
     assert w.scheduler.params["startup_us"] == 100 * K and w.scheduler.params["packet_bytes"] == 16384
     caps = {(e["source"], e["target"]): e["capacity"] for e in w.topology["links"]}
