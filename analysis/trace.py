@@ -144,6 +144,11 @@ class _Axis:
         """An instant stored in emulated time."""
         return round((x - self.origin) * US, 3)
 
+    def duration(self, x: Any) -> float | None:
+        """A duration the scheduler timed in the wall clock (a plan's probe), in emulated seconds."""
+        x = _num(x)
+        return None if x is None else x / self.k
+
     def raw_wall(self, x: float) -> float:
         """An instant in the wall clock (faults, plans): made emulated first."""
         if self.k != 1 and self.monitor_t0 is not None:
@@ -325,8 +330,8 @@ def _run_events(faults: pd.DataFrame | None, records: list[dict], axis: _Axis, p
         name = f"forest {'plan' if not epoch else 're-plan'} (epoch {epoch}, iteration {rec.get('iteration')})"
         out.append(_instant(name, "plan", axis.raw_wall(t), pid, T_PLANS, "g",
                             _args(epoch=epoch, iteration=rec.get("iteration"), reason=rec.get("reason"),
-                                  probe_s=rec.get("probe_s"), plan_s=rec.get("plan_s"), rate_bps=rec.get("rate_bps"),
-                                  trees=rec.get("trees"))))
+                                  probe_s=axis.duration(rec.get("probe_s")), plan_s=axis.duration(rec.get("plan_s")),
+                                  rate_bps=rec.get("rate_bps"), trees=rec.get("trees"))))
     return out
 
 

@@ -239,6 +239,9 @@ def test_wall_clock_records_follow_time_dilation(tmp_path):
     trace = build_trace(make_run(tmp_path, k=4.0))
     plans = [e["ts"] for e in _events(trace, cat="plan")]
     assert plans == pytest.approx([us(p["time"]) / 4 for p in PLANS], abs=0.5)
+    # ... and the probe's and the planner's durations too (0.1 s of the roles' clock: 0.025 s emulated)
+    args = [e["args"] for e in _events(trace, cat="plan")]
+    assert [v for a in args for v in (a["probe_s"], a["plan_s"])] == pytest.approx([0.025, 0.0025] * 2)
     faults = sorted(e["ts"] for e in _events(trace, cat="fault"))
     assert faults == pytest.approx([us(ROLES_T0 + 0.61) / 4, us(ROLES_T0 + 0.8) / 4], abs=0.5)
     assert trace["otherData"]["time_dilation"] == 4.0
