@@ -31,8 +31,8 @@ from 0.71-0.76 of its bound to 0.86-0.88. Smaller chunks gained nothing there (8
 trees of 9 Mb/s: 9 KiB chunks took the CPU idle to 17%). Where a tree's slice is only a few 16
 KiB chunks (20 workers, 15-19 trees, the small CNN), its levels barely overlap: 4 KiB took such
 a forest from 0.61-0.65 of its bound to 0.71-0.81, given the CPU for 4x the frames (time
-dilation 8; at 4 the CPU idle fell to 0.12-0.24), and 2 KiB at dilation 16 to 0.82-0.85
-(pipeline share 0.91; at 32, 1 KiB chunks lost their connections: transport DEAD_PEER_S).
+dilation 8; at 4 the CPU idle fell to 0.12-0.24), 2 KiB at dilation 16 to 0.82-0.85
+(pipeline share 0.91), and 1 KiB at 32 to 0.86-0.89 (share 0.95; configs/sweeps/forest_scale.yaml).
 Uniform sites (9 workers) show the same: their 11 trees have depth 2 and sit at the 16 KiB
 floor, so the tree that sets the iteration has a pipeline share (analysis/forest_trees.py:
 slice / (slice + 3 chunks)) of 0.77-0.82 and reached 0.73-0.85 of its plan; 4 KiB chunks raise
