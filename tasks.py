@@ -130,6 +130,17 @@ def _iteration_bound(exp) -> float | None:
     return max(float(profile["iteration_s"]) / float(exp.workload.get("speedup", 1.0)), comm)
 
 
+def _startup_s(exp) -> float:
+    """What the scheduler spends before its first iteration, in emulated seconds (the dry run's
+    estimate): the registry's `startup_s` on the experiment's tunables."""
+    from schedulers import registry
+
+    cls = registry.SCHEDULERS.get(exp.scheduler)
+    if cls is None:
+        return 0.0
+    return cls.startup_s(cls.Params.model_validate(exp.scheduler_params), len(exp.roles.workers))
+
+
 def _workload_facts(exp):
     """What the results-size model needs of the workload (emu/config/footprint.py), from its profile;
     None where it has none."""
@@ -158,7 +169,7 @@ def _dry_run(plan, results: str, force: bool, shard) -> None:
     from emu.run.results import unwritable
     from emu.sweeps import dryrun, space
 
-    pts = dryrun.points(plan, Path(results), _iteration_bound, force=force, shard=shard)
+    pts = dryrun.points(plan, Path(results), _iteration_bound, force=force, shard=shard, startup=_startup_s)
     need = space.estimate(plan, Path(results), pts, _workload_facts, force=force)
     text = dryrun.render(plan, pts, Path(results)) + f"\nresults size: {need.figures()}"
     why = unwritable(Path(results) / plan.name)

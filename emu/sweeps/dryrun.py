@@ -5,11 +5,12 @@ its short label, how many runs it asks for and how many the results directory ho
 and an estimate of the wall time left. Each run's estimate comes from an earlier run of the
 same point where the results have one (its wall time), otherwise from the analytic bound of an
 iteration (`iteration_bound`, given by the layer above: it needs the workload's profile and the
-bound models) times the iterations, plus the time its faults hold the job (their `for_s`),
-times the time dilation, plus the set-up and teardown a run costs. The estimate is near a
-floor, and says so: schedulers run slower than their bounds. A plan with time dilation shows
-each point's k; with `time_dilation: auto` the k this machine's calibration picks
-(emu/sweeps/autodilate.py), or that the first run calibrates (and how long that takes). Nothing
+bound models) times the iterations, plus the time its faults hold the job (their `for_s`) and
+the scheduler's own start-up (`startup`, the forest's probe), times the time dilation, plus the
+set-up and teardown a run costs. The estimate is near a floor, and says so: schedulers run
+slower than their bounds. A plan with time dilation shows each point's k; with
+`time_dilation: auto` the k this machine's calibration picks (emu/sweeps/autodilate.py), or
+that the first run calibrates (and how long that takes). Nothing
 here writes: results (and the calibration) are only read.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ from emu.sweeps.sweep import plan_runs
 SETUP_S = 4.0
 
 IterationBound = Callable[[Experiment], "float | None"]
+StartupTime = Callable[[Experiment], float]   # emulated seconds before the first iteration (a probe)
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,8 @@ def _setup_s(earlier: pd.DataFrame) -> float:
 
 
 def _run_estimate(exp: Experiment, ids: list[str], walls: dict[str, float], setup_s: float,
-                  iteration_bound: IterationBound, k: float | None = None) -> tuple[float | None, str]:
+                  iteration_bound: IterationBound, k: float | None = None,
+                  startup: StartupTime | None = None) -> tuple[float | None, str]:
     """`k`: the time dilation it runs at (default: the experiment's; None for `auto` without a choice)."""
     known = [walls[r] for r in ids if r in walls]
     if known:
@@ -81,13 +84,17 @@ def _run_estimate(exp: Experiment, ids: list[str], walls: dict[str, float], setu
     if bound is None or not math.isfinite(bound) or k is None:
         return None, "unknown"
     stalled = sum(f.for_s or 0.0 for f in exp.faults)  # a stopped worker or a cut link stalls the job that long
-    return min(setup_s + (bound * exp.workload["iterations"] + stalled) * k, setup_s + exp.timeout_s * k), "bound"
+    first = startup(exp) if startup is not None else 0.0
+    return min(setup_s + (bound * exp.workload["iterations"] + stalled + first) * k,
+               setup_s + exp.timeout_s * k), "bound"
 
 
 def points(plan: Plan, results_root: Path, iteration_bound: IterationBound, force: bool = False,
-           shard: tuple[int, int] | None = None, own_load: Callable[[], float] | None = None) -> list[Point]:
+           shard: tuple[int, int] | None = None, own_load: Callable[[], float] | None = None,
+           startup: StartupTime | None = None) -> list[Point]:
     """The plan's experiments (this shard's), each with its runs, those done and an estimate.
-    `own_load`: the machine's own load in CPUs for `time_dilation: auto` (default: measured now, once)."""
+    `own_load`: the machine's own load in CPUs for `time_dilation: auto` (default: measured now, once);
+    `startup`: the time a scheduler takes before its first iteration (given by the layer above)."""
     earlier = _earlier(results_root / plan.name)
     ok = earlier[earlier["status"] == "ok"] if len(earlier) else earlier
     walls = dict(zip(ok["run_id"], ok["wall_s"])) if len(ok) else {}
@@ -101,7 +108,7 @@ def points(plan: Plan, results_root: Path, iteration_bound: IterationBound, forc
     base = _once(own_load or (lambda: calibrate.own_load(None)))   # measured once, where needed
     for exp, point, ids in by_exp.values():
         k, k_text = autodilate.planned(exp, base)
-        run_s, basis = _run_estimate(exp, ids, walls, setup_s, iteration_bound, k)
+        run_s, basis = _run_estimate(exp, ids, walls, setup_s, iteration_bound, k, startup)
         out.append(Point(labels[id(exp)], treatment(exp, point), len(ids), sum(r in done for r in ids), run_s, basis,
                          k_text, tuple(ids)))
     return out
@@ -146,7 +153,8 @@ def render(plan: Plan, pts: list[Point], results_root: Path) -> str:
                  f"{runs - done} to run")
     lines.append(f"estimated wall time: {_duration(total)}" + (f" (+ {unknown} run(s) without an estimate)"
                  if unknown else "") + " (earlier runs of the same point where the results have them, else "
-                 "each iteration at its analytic bound, plus its faults' duration and the set-up a run costs: "
+                 "each iteration at its analytic bound, plus its faults' duration, the scheduler's start-up and the "
+                 "set-up a run costs: "
                  "schedulers are slower than their bounds)")
     lines += auto_notes(plan)
     return "\n".join(lines)

@@ -114,6 +114,13 @@ class Scheduler(abc.ABC):
                              display_order=cls.display_order, tuning=cls.tuning, baseline=cls.baseline,
                              claims=dict(cls.claims), report_sections=cls.report_sections)
 
+    @classmethod
+    def startup_s(cls, params: SchedulerParams, num_workers: int) -> float:
+        """Seconds of the emulated network the job waits, before its first iteration, for what
+        the scheduler does on its own (forest: its start-up probe); no bound counts them, so a
+        dry run adds them to its estimate. 0 unless a scheduler says otherwise."""
+        return 0.0
+
     def __init__(self, ctx: RoleContext, params: SchedulerParams):
         self.ctx = ctx
         self.params = params

@@ -7,7 +7,8 @@ import pytest
 
 from emu.config.plan import load_plan
 from emu.sweeps import dryrun
-from tasks import _iteration_bound, _sections
+from schedulers.collective.forest import Forest, ForestParams
+from tasks import _iteration_bound, _sections, _startup_s
 from tests.conftest import REPO, inv
 from tests.factories import GOOD, dump
 
@@ -84,3 +85,23 @@ def test_a_fault_holds_the_job_for_its_duration(tmp_path):
     plan = load_plan(dump(tmp_path / "s.yaml", {"base": "base.yaml", "name": "s"}), _sections())
     (p,) = dryrun.points(plan, tmp_path, lambda exp: 0.5)
     assert p.run_s == pytest.approx(dryrun.SETUP_S + 0.5 * 10 + 5)
+
+
+def test_the_forest_s_start_up_probe_is_in_the_estimate(tmp_path):
+    """On measured bandwidth the forest probes n + 2 rounds of probe_s before its first iteration
+    (20 workers: 22 x 0.25 s, 176 s of wall clock at dilation 32, more than its iterations take);
+    on configured rates, and for every other scheduler, nothing."""
+    base = {**GOOD, "scheduler": "forest", "roles": {"servers": [], "workers": ["w0", "w1", "ps"]},
+            "workload": {**GOOD["workload"], "preset": "small", "iterations": 10, "compute": "replay"},
+            "time_dilation": 4}
+    dump(tmp_path / "base.yaml", base)
+    plan = load_plan(dump(tmp_path / "s.yaml", {"base": "base.yaml", "name": "s",
+                                                "grid": {"schedulers.forest.bandwidth": ["measured", "configured"]}}),
+                     _sections())
+    measured, configured = plan.experiments
+    assert (_startup_s(measured), _startup_s(configured)) == (5 * 0.25, 0.0)
+    assert _startup_s(plan.experiments[0].model_copy(update={"scheduler": "ring"})) == 0.0
+    got = [p.run_s for p in dryrun.points(plan, tmp_path, lambda exp: 0.5, startup=_startup_s)]
+    assert got == pytest.approx([dryrun.SETUP_S + (0.5 * 10 + 1.25) * 4, dryrun.SETUP_S + 0.5 * 10 * 4])
+    assert Forest.startup_s(ForestParams(), 20) == 22 * 0.25
+    assert Forest.startup_s(ForestParams(fan_rounds=2, probe_s=0.5), 4) == (2 + 2 * 4) * 0.5
