@@ -92,8 +92,11 @@ class RoleSpec(BaseModel):
     def to_json(self) -> str:
         # json.dumps, not model_dump_json: the same text as the files written before this model
         # (and so no `plugins` key where there are none, no `dead_peer_s` at its default)
-        left_out = ({"plugins"} if not self.plugins else set()) | ({"dead_peer_s"} if self.dead_peer_s == DEAD_PEER_S
-                                                                   else set())
+        left_out = set()
+        if not self.plugins:
+            left_out.add("plugins")
+        if self.dead_peer_s == DEAD_PEER_S:
+            left_out.add("dead_peer_s")
         return json.dumps(self.model_dump(mode="json", exclude=left_out), indent=1)
 
 

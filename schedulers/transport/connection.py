@@ -135,6 +135,7 @@ def set_dead_peer_s(seconds: float) -> None:
 
 
 def dead_peer_s() -> float:
+    """This process's dead-peer time, seconds (what set_dead_peer_s last set)."""
     return _dead_peer_s
 
 
