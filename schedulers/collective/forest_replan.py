@@ -93,7 +93,7 @@ class Replanner:
         self.fan_rounds = fan_rounds
         shared = shared_links(model, nodes) if model is not None else np.zeros(0, bool)
         self.own_links = ~shared                 # kept at the last full estimate by a shared probe
-        self.shared_replans = replan_rounds == "shared" and bool(shared.any())
+        self.shared_replans = replan_rounds == SHARED and bool(shared.any())
         self.capacity: np.ndarray | None = None  # worker 0: the estimate the current plan was made on
         self.plan_probe = FULL                   # the probe the current plan came from
         self.inbox: dict[tuple[str, int, int], dict] = {}
@@ -304,13 +304,13 @@ class Replanner:
         return rates
 
     def _arrived(self, peer: int) -> int | None:
-        """The connection's bytes_arrived; a connection already closed (its peer dead, the
-        kernel gave up on it) raises the failure recorded for it, not the socket's EBADF."""
+        """The connection's bytes_arrived; on a connection already closed, the failure recorded
+        for it (which names the worker that failed) where there is one."""
         try:
             return self.f.conns[peer].bytes_arrived()
-        except OSError as e:
+        except CommError:
             self.f._failure.check()
-            raise CommError(f"bandwidth probe: the connection to worker {peer} is gone ({e})") from None
+            raise
 
     def _keep_sending(self, peer: int, r: int, it: int, stop: float) -> None:
         """Two probe frames queued at all times until `stop`: each one sent queues the next."""

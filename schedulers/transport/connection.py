@@ -223,10 +223,18 @@ class Connection:
         """The delivery rate estimate of `retune`, bytes/s (0 before the first sample)."""
         return self._rate
 
+    def _tcp_info(self) -> bytes:
+        """TCP_INFO; a connection already closed (its peer failed, or the kernel gave up on
+        it) is a CommError naming the peer, as a failed send is."""
+        try:
+            return self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+        except OSError as e:
+            raise CommError(f"reading the connection to {self.peer}: {e}") from None
+
     def bytes_acked(self) -> int | None:
         """Bytes of ours the peer has acknowledged so far (TCP_INFO), None where the kernel
         does not say: a sender's goodput measured by the receiver's own acknowledgements."""
-        info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+        info = self._tcp_info()
         return _U64.unpack_from(info, _ACKED_OFFSET)[0] if len(info) >= _ACKED_OFFSET + 8 else None
 
     def bytes_arrived(self) -> int | None:
@@ -236,7 +244,7 @@ class Connection:
         acknowledged is no substitute over short intervals: it jumps by up to a congestion
         window when a hole is repaired, and lags by the queue the acknowledgements wait in on
         the way back. None where the kernel does not say."""
-        info = self.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+        info = self._tcp_info()
         if len(info) < _SEGS_IN_OFFSET + 4:
             return None
         return _U32.unpack_from(info, _SEGS_IN_OFFSET)[0] * _U32.unpack_from(info, _RCV_MSS_OFFSET)[0]
